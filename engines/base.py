@@ -1,0 +1,148 @@
+"""The engine contract: what every backend takes, returns and raises.
+
+A backend turns a prompt into one or more samples. ``stream`` yields ``Delta``s as
+tokens arrive and ends with the complete ``Generation``; ``generate`` is the same
+stream drained. Deadlines are absolute ``time.monotonic()`` seconds so that one
+deadline can be handed down through every layer of a request unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Sequence
+from typing import Literal, Protocol
+
+import msgspec
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+# "deadline": the request's deadline (or the engine's own timeout) stopped the sample;
+# "cancelled" only appears in traces, a cancelled caller never sees a result.
+FinishReason = Literal["stop", "length", "deadline", "cancelled"]
+
+
+class Message(msgspec.Struct, frozen=True):
+    role: Role
+    content: str
+
+
+# A conversation is rendered by the backend's template; a plain string is raw
+# completion text that the backend continues as it is.
+Prompt = str | Sequence[Message]
+
+
+class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    n: int = 1
+    seed: int | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+
+class TopLogprob(msgspec.Struct, frozen=True):
+    token: str
+    logprob: float
+
+
+class TokenLogprob(msgspec.Struct, frozen=True):
+    """The chosen token's log-probability under the model, before sampling settings."""
+
+    token: str
+    logprob: float
+    top: tuple[TopLogprob, ...] = ()
+
+
+class Timings(msgspec.Struct, frozen=True):
+    queue_s: float
+    first_token_s: float | None
+    total_s: float
+
+
+class Sample(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    text: str
+    finish_reason: FinishReason
+    completion_tokens: int
+    logprobs: tuple[TokenLogprob, ...] = ()
+    timings: Timings
+
+
+class Generation(msgspec.Struct, frozen=True, kw_only=True):
+    engine: str
+    model: str
+    prompt_tokens: int
+    samples: tuple[Sample, ...]
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(s.completion_tokens for s in self.samples)
+
+    @property
+    def text(self) -> str:
+        return self.samples[0].text
+
+
+class Delta(msgspec.Struct, frozen=True):
+    """New text of one sample; ``logprobs`` covers exactly the tokens behind ``text``."""
+
+    index: int
+    text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+class EngineError(Exception):
+    """The backend failed; ``message`` is safe to show to API clients."""
+
+    def __init__(self, engine: str, message: str) -> None:
+        super().__init__(f"engine {engine!r}: {message}")
+        self.engine = engine
+        self.message = message
+
+
+class EngineOverloaded(EngineError):
+    """The engine's queue is full; try again after ``retry_after_s``."""
+
+    def __init__(self, engine: str, queue_size: int, retry_after_s: float) -> None:
+        super().__init__(engine, f"queue full ({queue_size} waiting); retry later")
+        self.retry_after_s = retry_after_s
+
+
+class EngineUnavailable(EngineError):
+    """The backend cannot be reached or broke off mid-answer."""
+
+
+class PromptTooLong(EngineError):
+    def __init__(self, engine: str, prompt_tokens: int, context_tokens: int) -> None:
+        super().__init__(
+            engine,
+            f"prompt is {prompt_tokens} tokens; the model's context holds {context_tokens}",
+        )
+        self.prompt_tokens = prompt_tokens
+        self.context_tokens = context_tokens
+
+
+class Engine(Protocol):
+    name: str
+    model: str
+
+    async def start(self) -> None:
+        """Load weights or open connections; the engine is ready when this returns."""
+
+    async def close(self) -> None: ...
+
+    def stream(
+        self, prompt: Prompt, params: SamplingParams, deadline: float | None = None
+    ) -> AsyncGenerator[Delta | Generation]:
+        """Yield deltas of all ``params.n`` samples as they come, then the Generation.
+
+        Closing the iterator (or cancelling the task consuming it) stops generation.
+        """
+        ...
+
+    async def generate(
+        self, prompt: Prompt, params: SamplingParams, deadline: float | None = None
+    ) -> Generation: ...

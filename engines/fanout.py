@@ -1,0 +1,132 @@
+"""Run ``n`` independent samples of one prompt and merge them into one stream.
+
+Backends implement a single sample; this module gives every backend the same
+``stream``/``generate`` behaviour for ``n > 1``, the same cancellation (closing the
+merged stream cancels every sample) and the same ``Generation`` at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncGenerator
+
+import msgspec
+
+from engines.admission import Admission
+from engines.base import Delta, Generation, Prompt, Sample, SamplingParams, Timings
+
+
+class SampleDone(msgspec.Struct, frozen=True):
+    """The end of one sample's stream: the sample and what its prompt cost."""
+
+    sample: Sample
+    prompt_tokens: int
+
+
+class FanOutEngine(ABC):
+    """Base for backends that generate one sample at a time."""
+
+    name: str
+    model: str
+    timeout_s: float | None
+    _admission: Admission
+
+    @abstractmethod
+    def _sample(
+        self, prompt: Prompt, params: SamplingParams, index: int, deadline: float | None
+    ) -> AsyncGenerator[Delta | SampleDone]:
+        """Stream one sample; ``params.seed`` is already this sample's own seed."""
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    @property
+    def queue_depth(self) -> int:
+        return self._admission.waiting
+
+    async def _admit(self, deadline: float | None) -> float | None:
+        """Wait for a generation slot; the seconds waited, or None if the deadline came first.
+
+        The caller owns the slot on success and gives it back with ``_admission.release``.
+        """
+        queued = time.monotonic()
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._admission.acquire()
+        except TimeoutError:
+            return None
+        return time.monotonic() - queued
+
+    @staticmethod
+    def _expired(index: int, waited_since: float) -> SampleDone:
+        """The empty sample of a request whose deadline passed while it was queued."""
+        waited = time.monotonic() - waited_since
+        timings = Timings(queue_s=waited, first_token_s=None, total_s=waited)
+        return SampleDone(
+            Sample(
+                index=index, text="", finish_reason="deadline", completion_tokens=0, timings=timings
+            ),
+            prompt_tokens=0,
+        )
+
+    def _deadline(self, deadline: float | None) -> float | None:
+        if self.timeout_s is None:
+            return deadline
+        own = time.monotonic() + self.timeout_s
+        return own if deadline is None else min(own, deadline)
+
+    async def stream(
+        self, prompt: Prompt, params: SamplingParams, deadline: float | None = None
+    ) -> AsyncGenerator[Delta | Generation]:
+        deadline = self._deadline(deadline)
+        merged: asyncio.Queue[Delta | SampleDone | Exception] = asyncio.Queue()
+
+        async def pump(index: int) -> None:
+            # Seeded requests stay reproducible while their n samples still differ.
+            seed = None if params.seed is None else params.seed + index
+            own = msgspec.structs.replace(params, seed=seed)
+            try:
+                async with contextlib.aclosing(self._sample(prompt, own, index, deadline)) as it:
+                    async for item in it:
+                        merged.put_nowait(item)
+            except Exception as exc:  # handed to the consumer, which re-raises it
+                merged.put_nowait(exc)
+
+        tasks = [asyncio.create_task(pump(i)) for i in range(params.n)]
+        done: list[SampleDone] = []
+        try:
+            while len(done) < params.n:
+                item = await merged.get()
+                if isinstance(item, Exception):
+                    raise item
+                if isinstance(item, SampleDone):
+                    done.append(item)
+                else:
+                    yield item
+        finally:
+            for task in tasks:
+                task.cancel()
+            # Let every sample release its slot before the caller goes on.
+            await asyncio.gather(*tasks, return_exceptions=True)
+        done.sort(key=lambda d: d.sample.index)
+        yield Generation(
+            engine=self.name,
+            model=self.model,
+            prompt_tokens=max(d.prompt_tokens for d in done),
+            samples=tuple(d.sample for d in done),
+        )
+
+    async def generate(
+        self, prompt: Prompt, params: SamplingParams, deadline: float | None = None
+    ) -> Generation:
+        async with contextlib.aclosing(self.stream(prompt, params, deadline)) as it:
+            async for item in it:
+                if isinstance(item, Generation):
+                    return item
+        raise AssertionError("stream ended without a Generation")

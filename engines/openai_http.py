@@ -1,0 +1,277 @@
+"""Backend for any OpenAI-compatible server: trtllm-serve, vLLM, SGLang, llama.cpp server.
+
+Every sample is requested as a stream, even for ``generate``: deltas arrive as the
+server makes them, a deadline can cut a sample short and keep what exists, and a
+server that dies mid-answer is noticed at once instead of at the read timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+import httpx
+import msgspec
+
+from engines.admission import Admission
+from engines.base import (
+    Delta,
+    EngineError,
+    EngineOverloaded,
+    EngineUnavailable,
+    FinishReason,
+    Prompt,
+    Sample,
+    SamplingParams,
+    Timings,
+    TokenLogprob,
+    TopLogprob,
+)
+from engines.fanout import FanOutEngine, SampleDone
+from engines.settings import OpenAIHTTPSettings
+from engines.templates import CompletionTemplate
+
+
+class _ChatLogprob(msgspec.Struct):
+    token: str
+    logprob: float
+    top_logprobs: list[TopLogprob] = []
+
+
+class _ChatLogprobs(msgspec.Struct):
+    content: list[_ChatLogprob] | None = None
+
+
+class _CompletionLogprobs(msgspec.Struct):
+    tokens: list[str] = []
+    token_logprobs: list[float | None] = []
+    top_logprobs: list[dict[str, float] | None] | None = None
+
+
+class _ChatDelta(msgspec.Struct):
+    content: str | None = None
+
+
+class _Choice(msgspec.Struct):
+    index: int = 0
+    delta: _ChatDelta | None = None
+    text: str | None = None
+    finish_reason: str | None = None
+    logprobs: _ChatLogprobs | _CompletionLogprobs | None = None
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class _Chunk(msgspec.Struct):
+    choices: list[_Choice] = []
+    usage: _Usage | None = None
+
+
+def _decode_logprobs(raw: _ChatLogprobs | _CompletionLogprobs | None) -> tuple[TokenLogprob, ...]:
+    match raw:
+        case _ChatLogprobs(content=list(content)):
+            return tuple(TokenLogprob(c.token, c.logprob, tuple(c.top_logprobs)) for c in content)
+        case _CompletionLogprobs(tokens=tokens, token_logprobs=values, top_logprobs=tops):
+            tops = tops or [None] * len(tokens)
+            return tuple(
+                TokenLogprob(
+                    token,
+                    value if value is not None else float("-inf"),
+                    tuple(TopLogprob(t, lp) for t, lp in (top or {}).items()),
+                )
+                for token, value, top in zip(tokens, values, tops, strict=False)
+            )
+    return ()
+
+
+class OpenAIHTTPEngine(FanOutEngine):
+    def __init__(self, name: str, settings: OpenAIHTTPSettings) -> None:
+        self.name = name
+        self.model = settings.model
+        self.timeout_s = settings.timeout_s
+        self._settings = settings
+        self._admission = Admission(
+            name, settings.concurrency, settings.queue_size, settings.retry_after_s
+        )
+        headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+        self._client = httpx.AsyncClient(
+            base_url=settings.base_url.rstrip("/"),
+            headers=headers,
+            timeout=httpx.Timeout(
+                connect=settings.connect_timeout_s,
+                read=settings.read_timeout_s,
+                write=settings.read_timeout_s,
+                pool=None,  # the admission queue already bounds the waiting
+            ),
+            limits=httpx.Limits(
+                max_connections=settings.concurrency,
+                max_keepalive_connections=settings.concurrency,
+            ),
+        )
+        if settings.api == "completions" and settings.template is None:
+            self._template: CompletionTemplate | None = CompletionTemplate()
+        else:
+            self._template = settings.template
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    def _request(self, prompt: Prompt, params: SamplingParams) -> tuple[str, dict[str, Any]]:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "frequency_penalty": params.frequency_penalty,
+            "presence_penalty": params.presence_penalty,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        stops = params.stop + (self._template.stop if self._template else ())
+        if stops:
+            body["stop"] = list(stops)
+        if params.seed is not None:
+            body["seed"] = params.seed
+        if isinstance(prompt, str) or self._settings.api == "completions":
+            if not isinstance(prompt, str):
+                assert self._template is not None
+                prompt = self._template.render(prompt)
+            body["prompt"] = prompt
+            if params.logprobs:
+                body["logprobs"] = max(params.top_logprobs, 1)
+            return "/completions", body
+        body["messages"] = [{"role": m.role, "content": m.content} for m in prompt]
+        if params.logprobs:
+            body["logprobs"] = True
+            body["top_logprobs"] = params.top_logprobs
+        return "/chat/completions", body
+
+    async def _sample(
+        self, prompt: Prompt, params: SamplingParams, index: int, deadline: float | None
+    ) -> AsyncGenerator[Delta | SampleDone]:
+        queued = time.monotonic()
+        queue_s = await self._admit(deadline)
+        if queue_s is None:
+            yield self._expired(index, queued)
+            return
+        try:
+            async for item in self._request_stream(prompt, params, index, deadline, queue_s):
+                yield item
+        finally:
+            self._admission.release()
+
+    async def _request_stream(
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        index: int,
+        deadline: float | None,
+        queue_s: float,
+    ) -> AsyncGenerator[Delta | SampleDone]:
+        path, body = self._request(prompt, params)
+        started = time.monotonic()
+        first_token_at: float | None = None
+        pieces: list[str] = []
+        logprobs: list[TokenLogprob] = []
+        finish: FinishReason | None = None
+        usage = _Usage()
+        async with self._connect(path, body) as response:
+            lines = response.aiter_lines()
+            while True:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        line = await anext(lines)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    finish = "deadline"
+                    break
+                except httpx.ReadTimeout as exc:
+                    raise EngineUnavailable(
+                        self.name,
+                        f"server sent nothing for {self._settings.read_timeout_s}s",
+                    ) from exc
+                except (httpx.ReadError, httpx.RemoteProtocolError) as exc:
+                    raise EngineUnavailable(
+                        self.name, "server closed the connection mid-answer"
+                    ) from exc
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                try:
+                    chunk = msgspec.json.decode(data, type=_Chunk)
+                except msgspec.DecodeError as exc:
+                    raise EngineUnavailable(self.name, f"unreadable stream chunk: {exc}") from exc
+                if chunk.usage is not None:
+                    usage = chunk.usage
+                for choice in chunk.choices:
+                    text = choice.text if choice.delta is None else choice.delta.content
+                    new = _decode_logprobs(choice.logprobs)
+                    if text or new:
+                        if first_token_at is None:
+                            first_token_at = time.monotonic()
+                        pieces.append(text or "")
+                        logprobs.extend(new)
+                        yield Delta(index, text or "", new)
+                    if choice.finish_reason is not None:
+                        finish = "length" if choice.finish_reason == "length" else "stop"
+        if finish is None:
+            raise EngineUnavailable(self.name, "stream ended before the answer was finished")
+        ended = time.monotonic()
+        sample = Sample(
+            index=index,
+            text="".join(pieces),
+            finish_reason=finish,
+            completion_tokens=usage.completion_tokens or len(logprobs) or len(pieces),
+            logprobs=tuple(logprobs) if params.logprobs else (),
+            timings=Timings(
+                queue_s=queue_s,
+                first_token_s=None if first_token_at is None else first_token_at - started,
+                total_s=ended - started,
+            ),
+        )
+        yield SampleDone(sample, usage.prompt_tokens)
+
+    @contextlib.asynccontextmanager
+    async def _connect(self, path: str, body: dict[str, Any]) -> AsyncIterator[httpx.Response]:
+        """Open a streaming response, retrying only failures that never reached the server."""
+        settings = self._settings
+        for attempt in range(settings.connect_retries + 1):
+            request = self._client.build_request("POST", path, json=body)
+            try:
+                response = await self._client.send(request, stream=True)
+                break
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                if attempt == settings.connect_retries:
+                    raise EngineUnavailable(
+                        self.name, f"cannot connect to {settings.base_url}: {exc}"
+                    ) from exc
+                await asyncio.sleep(0.05 * 2**attempt)
+            except httpx.TimeoutException as exc:
+                raise EngineUnavailable(self.name, f"server did not answer: {exc}") from exc
+        try:
+            if response.status_code >= 400:
+                await response.aread()
+                raise _status_error(self.name, settings.retry_after_s, response)
+            yield response
+        finally:
+            await response.aclose()
+
+
+def _status_error(engine: str, retry_after_s: float, response: httpx.Response) -> EngineError:
+    detail = response.text[:500]
+    if response.status_code in (429, 503):
+        retry = response.headers.get("retry-after", "")
+        wait = float(retry) if retry.replace(".", "", 1).isdigit() else retry_after_s
+        return EngineOverloaded(engine, 0, wait)
+    if response.status_code >= 500:
+        return EngineUnavailable(engine, f"server error {response.status_code}: {detail}")
+    return EngineError(engine, f"server refused the request ({response.status_code}): {detail}")

@@ -1,0 +1,46 @@
+"""How a base model (no chat template) sees a conversation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+
+from engines.base import Message
+
+# Short factual few-shot examples: enough for a base model to answer in one line
+# and then start the next "Question:", which the stop sequence cuts off.
+DEFAULT_PREAMBLE = (
+    "Question: What is 7 plus 5?\nAnswer: 12\n\n"
+    "Question: What is the capital of France?\nAnswer: Paris\n\n"
+    "Question: Is the sun a star?\nAnswer: Yes\n\n"
+)
+
+
+class CompletionTemplate(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A few-shot completion prompt: ``preamble``, then each turn in its role's format.
+
+    Each format takes ``{content}``. The prompt ends with ``generation_prefix`` and the
+    model continues from there until a ``stop`` sequence.
+    """
+
+    preamble: str = DEFAULT_PREAMBLE
+    system: str = "{content}\n\n"
+    user: str = "Question: {content}\n"
+    assistant: str = "Answer: {content}\n\n"
+    generation_prefix: str = "Answer:"
+    stop: tuple[str, ...] = ("\nQuestion:", "\n\n")
+
+    def render(self, messages: Sequence[Message]) -> str:
+        parts = [self.preamble]
+        for message in messages:
+            fmt = {
+                "system": self.system,
+                "developer": self.system,
+                "user": self.user,
+                "tool": self.user,
+                "assistant": self.assistant,
+            }[message.role]
+            parts.append(fmt.replace("{content}", message.content))
+        parts.append(self.generation_prefix)
+        return "".join(parts)

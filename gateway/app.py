@@ -1,0 +1,88 @@
+"""The HTTP application, built by a factory from a config (no module-level state)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+from litestar import Litestar, Response, get, post
+from litestar.datastructures import State
+from litestar.openapi import OpenAPIConfig
+from litestar.response import Stream
+
+from gateway.chat import complete, open_stream, prepare
+from gateway.config import GatewayConfig
+from gateway.errors import EXCEPTION_HANDLERS, APIError
+from gateway.openai_types import ChatCompletion, ChatCompletionRequest, Model, ModelList
+from gateway.runtime import Runtime
+
+_CHAT_RESPONSES_DOC = "A chat completion, or with `stream: true` a text/event-stream of chunks."
+
+
+def _runtime(state: State) -> Runtime:
+    runtime: Runtime = state.runtime
+    if not runtime.ready:
+        reason = runtime.failure or "models are still loading"
+        raise APIError(
+            503, f"not ready: {reason}", type="server_error", code="not_ready", retry_after_s=5
+        )
+    return runtime
+
+
+@post("/v1/chat/completions", description=_CHAT_RESPONSES_DOC, status_code=200)
+async def chat_completions(data: ChatCompletionRequest, state: State) -> ChatCompletion | Stream:
+    runtime = _runtime(state)
+    call = prepare(data, runtime.engines, runtime.config.server)
+    if not data.stream:
+        return await complete(call)
+    body = await open_stream(call)
+    return Stream(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+@get("/v1/models")
+async def list_models(state: State) -> ModelList:
+    runtime: Runtime = state.runtime
+    return ModelList([Model(name, state.started_at) for name in runtime.engines])
+
+
+@get("/healthz")
+async def healthz() -> dict[str, str]:
+    """The process is alive and its event loop answers."""
+    return {"status": "ok"}
+
+
+@get("/readyz")
+async def readyz(state: State) -> Response[dict[str, object]]:
+    """Every engine has loaded: the replica can take traffic."""
+    runtime: Runtime = state.runtime
+    body: dict[str, object] = {"ready": runtime.ready, "engines": list(runtime.engines)}
+    if runtime.failure:
+        body["error"] = runtime.failure
+    return Response(body, status_code=200 if runtime.ready else 503)
+
+
+def create_app(config: GatewayConfig) -> Litestar:
+    runtime = Runtime(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Litestar) -> AsyncIterator[None]:
+        # Load models in the background so /healthz answers while they load.
+        loading = asyncio.create_task(runtime.start())
+        try:
+            yield
+        finally:
+            loading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loading
+            await runtime.close()
+
+    return Litestar(
+        route_handlers=[chat_completions, list_models, healthz, readyz],
+        state=State({"runtime": runtime, "started_at": int(time.time())}),
+        lifespan=[lifespan],
+        exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
+        request_max_body_size=config.server.max_body_bytes,
+        openapi_config=OpenAPIConfig(title="Satisfice", version="0.1.0", path="/openapi"),
+    )

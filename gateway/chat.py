@@ -1,0 +1,220 @@
+"""Chat completions: from an OpenAI request to an engine call, and back to OpenAI's shapes."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+
+import msgspec
+
+from engines.base import (
+    Delta,
+    Engine,
+    EngineError,
+    Generation,
+    Message,
+    SamplingParams,
+)
+from engines.base import TokenLogprob as EngineLogprob
+from gateway.config import AUTO_MODEL, ServerSettings
+from gateway.errors import APIError
+from gateway.openai_types import (
+    SSE_DONE,
+    AssistantMessage,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatMessage,
+    Choice,
+    ChoiceLogprobs,
+    ChunkChoice,
+    ChunkDelta,
+    ErrorResponse,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+    encode_sse,
+)
+
+
+class ChatCall(msgspec.Struct, frozen=True, kw_only=True):
+    """A request checked against the config, ready for its engine."""
+
+    id: str
+    created: int
+    model: str
+    engine: Engine
+    messages: tuple[Message, ...]
+    params: SamplingParams
+    include_usage: bool
+
+
+def prepare(
+    request: ChatCompletionRequest, engines: Mapping[str, Engine], limits: ServerSettings
+) -> ChatCall:
+    engine = engines.get(request.model)
+    if engine is None:
+        hint = " (the router is not configured yet)" if request.model == AUTO_MODEL else ""
+        raise APIError(
+            404,
+            f"model {request.model!r} does not exist{hint}; available: {', '.join(engines)}",
+            param="model",
+            code="model_not_found",
+        )
+    if len(request.messages) > limits.max_messages:
+        raise APIError(
+            400,
+            f"{len(request.messages)} messages is more than the limit of {limits.max_messages}",
+            param="messages",
+        )
+    max_tokens = request.max_completion_tokens or request.max_tokens or limits.default_max_tokens
+    if max_tokens > limits.max_tokens_cap:
+        param = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
+        raise APIError(
+            400,
+            f"{param} is {max_tokens}; this gateway allows at most {limits.max_tokens_cap}",
+            param=param,
+        )
+    n = request.n or 1
+    if n > limits.max_n:
+        raise APIError(400, f"n is {n}; this gateway allows at most {limits.max_n}", param="n")
+    if request.top_logprobs and not request.logprobs:
+        raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
+    stop = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=1.0 if request.temperature is None else request.temperature,
+        top_p=1.0 if request.top_p is None else request.top_p,
+        stop=stop,
+        n=n,
+        seed=request.seed,
+        frequency_penalty=request.frequency_penalty or 0.0,
+        presence_penalty=request.presence_penalty or 0.0,
+        logprobs=bool(request.logprobs),
+        top_logprobs=request.top_logprobs or 0,
+    )
+    return ChatCall(
+        id=f"chatcmpl-{uuid.uuid4().hex}",
+        created=int(time.time()),
+        model=request.model,
+        engine=engine,
+        messages=_messages(request.messages),
+        params=params,
+        include_usage=bool(request.stream_options and request.stream_options.include_usage),
+    )
+
+
+def _messages(messages: Sequence[ChatMessage]) -> tuple[Message, ...]:
+    out = []
+    for i, message in enumerate(messages):
+        content = message.content
+        if isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                if part.type != "text" or part.text is None:
+                    raise APIError(
+                        400,
+                        f"content part of type {part.type!r} is not supported; send text parts",
+                        param=f"messages[{i}].content[{j}]",
+                    )
+                texts.append(part.text)
+            content = "\n".join(texts)
+        out.append(Message(message.role, content or ""))
+    return tuple(out)
+
+
+def _logprobs(tokens: Sequence[EngineLogprob]) -> ChoiceLogprobs:
+    return ChoiceLogprobs(
+        [
+            TokenLogprob(
+                token=t.token,
+                logprob=t.logprob,
+                bytes=list(t.token.encode("utf-8")),
+                top_logprobs=[
+                    TopLogprob(a.token, a.logprob, list(a.token.encode("utf-8"))) for a in t.top
+                ],
+            )
+            for t in tokens
+        ]
+    )
+
+
+def _usage(generation: Generation) -> Usage:
+    completion = generation.completion_tokens
+    return Usage(generation.prompt_tokens, completion, generation.prompt_tokens + completion)
+
+
+async def complete(call: ChatCall) -> ChatCompletion:
+    generation = await call.engine.generate(call.messages, call.params)
+    return ChatCompletion(
+        id=call.id,
+        created=call.created,
+        model=call.model,
+        choices=[
+            Choice(
+                index=s.index,
+                message=AssistantMessage(s.text),
+                finish_reason=s.finish_reason,
+                logprobs=_logprobs(s.logprobs) if call.params.logprobs else None,
+            )
+            for s in generation.samples
+        ],
+        usage=_usage(generation),
+    )
+
+
+async def open_stream(call: ChatCall) -> AsyncIterator[bytes]:
+    """Start generating and wait for the first event, then hand over the SSE body.
+
+    Waiting for the first event lets overload and bad prompts still answer with a
+    proper status code instead of an error inside a 200 stream.
+    """
+    events = call.engine.stream(call.messages, call.params)
+    try:
+        first = await anext(events)
+    except BaseException:
+        await events.aclose()
+        raise
+    return _sse(call, first, events)
+
+
+async def _sse(
+    call: ChatCall, first: Delta | Generation, events: AsyncGenerator[Delta | Generation]
+) -> AsyncIterator[bytes]:
+    started: set[int] = set()
+
+    def chunk(choices: list[ChunkChoice], usage: Usage | None = None) -> bytes:
+        return encode_sse(
+            ChatCompletionChunk(
+                id=call.id, created=call.created, model=call.model, choices=choices, usage=usage
+            )
+        )
+
+    def role(index: int) -> ChunkDelta:
+        if index in started:
+            return ChunkDelta()
+        started.add(index)
+        return ChunkDelta(role="assistant", content="")
+
+    async with contextlib.aclosing(events):
+        event = first
+        while isinstance(event, Delta):
+            opening = role(event.index)
+            if opening.role is not None:
+                yield chunk([ChunkChoice(event.index, opening)])
+            logprobs = _logprobs(event.logprobs) if call.params.logprobs else None
+            yield chunk([ChunkChoice(event.index, ChunkDelta(content=event.text), None, logprobs)])
+            try:
+                event = await anext(events)
+            except EngineError as exc:
+                error = APIError.from_engine(exc)
+                yield b"data: " + msgspec.json.encode(ErrorResponse(error.body)) + b"\n\n"
+                return
+        for sample in event.samples:
+            opening = role(sample.index)
+            yield chunk([ChunkChoice(sample.index, opening, sample.finish_reason)])
+        if call.include_usage:
+            yield chunk([], _usage(event))
+        yield SSE_DONE

@@ -1,0 +1,75 @@
+"""The ``satisfice`` command."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import msgspec
+
+from gateway.config import ConfigError, GatewayConfig, load_config
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.app import create_app
+
+    config = load_config(args.config)
+    server = msgspec.structs.replace(
+        config.server,
+        host=args.host or config.server.host,
+        port=config.server.port if args.port is None else args.port,
+    )
+    config = msgspec.structs.replace(config, server=server)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    uvicorn.run(
+        create_app(config),
+        host=server.host,
+        port=server.port,
+        log_level="info",
+        timeout_graceful_shutdown=30,
+    )
+    return 0
+
+
+def _config_check(args: argparse.Namespace) -> int:
+    config: GatewayConfig = load_config(args.file)
+    print(f"{args.file}: ok ({len(config.engines)} engines: {', '.join(config.engines)})")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="satisfice",
+        description="An OpenAI-compatible LLM gateway that thinks just long enough.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="serve the OpenAI-compatible API")
+    serve.add_argument("--config", help="YAML config file (default: the embedded default)")
+    serve.add_argument("--host", help="address to bind (default: from the config)")
+    serve.add_argument("--port", type=int, help="port to bind (default: from the config)")
+    serve.set_defaults(run=_serve)
+
+    config = commands.add_parser("config", help="work with config files")
+    config_commands = config.add_subparsers(dest="config_command", required=True)
+    check = config_commands.add_parser("check", help="validate a config file without serving")
+    check.add_argument("file")
+    check.set_defaults(run=_config_check)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        code: int = args.run(args)
+    except ConfigError as exc:
+        print(f"invalid config: {exc}", file=sys.stderr)
+        return 2
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

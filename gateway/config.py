@@ -1,0 +1,131 @@
+"""The one config tree SREs edit: each package's settings, composed and validated.
+
+A config is decoded from YAML straight into typed ``msgspec.Struct``s. Anything
+wrong is refused with the key path, the value found there and what was expected,
+so a bad file never half-applies.
+"""
+
+from __future__ import annotations
+
+import re
+import typing
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any
+
+import msgspec
+import yaml
+
+from engines.settings import EngineSettings
+
+# Clients send this name to let the router pick the engine (once the router exists).
+AUTO_MODEL = "auto"
+
+Positive = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class ServerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    host: str = "127.0.0.1"
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8000
+    # Request limits: anything larger is refused with a 4xx before any work is done.
+    max_body_bytes: Positive = 1_048_576
+    max_messages: Positive = 256
+    max_n: Positive = 8
+    # max_tokens a client may ask for, and what it gets when it asks for nothing.
+    max_tokens_cap: Positive = 1024
+    default_max_tokens: Positive = 256
+
+
+class GatewayConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    server: ServerSettings = ServerSettings()
+    # Where weights assembled from packages are kept between starts (~ is expanded).
+    models_dir: str = "~/.cache/satisfice/models"
+    # Model names clients may ask for, each served by one engine.
+    engines: dict[str, EngineSettings]
+
+    def __post_init__(self) -> None:
+        if not self.engines:
+            raise ValueError("at least one engine is required")
+        if AUTO_MODEL in self.engines:
+            raise ValueError(f"engines.{AUTO_MODEL}: the name is reserved for routed requests")
+        if self.server.default_max_tokens > self.server.max_tokens_cap:
+            raise ValueError("server.default_max_tokens must not exceed server.max_tokens_cap")
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message says where and why."""
+
+
+_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
+_STEP = re.compile(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]")
+
+
+def parse_config(text: str | bytes, source: str = "<config>") -> GatewayConfig:
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {raw!r}")
+    try:
+        return msgspec.convert(raw, GatewayConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{source}: {_explain(str(exc), raw, GatewayConfig)}") from exc
+
+
+def _explain(message: str, raw: Any, kind: Any, prefix: str = "") -> str:
+    """Turn msgspec's "Expected X - at `$.a.b`" into "a.b = <value>: Expected X".
+
+    msgspec writes a mapping's key as ``[...]``; to name it, each entry of that
+    mapping is validated on its own until the failing one is found.
+    """
+    match = _PATH.search(message)
+    if match is None:
+        return f"{prefix.rstrip('.')}: {message}" if prefix else message
+    what = message[: match.start()]
+    value = raw
+    key = prefix
+    for step in _STEP.finditer(match.group("path")):
+        name, index = step.group(1), step.group(2)
+        if index == "...":
+            entry_kind = typing.get_args(kind)[1]
+            for entry, entry_value in value.items():
+                try:
+                    msgspec.convert(entry_value, entry_kind)
+                except msgspec.ValidationError as inner:
+                    return _explain(str(inner), entry_value, entry_kind, f"{key}{entry}.")
+            break
+        if name is not None:
+            kind = _field_type(kind, name)
+            key += f"{name}."
+        else:
+            kind = typing.get_args(kind)[0] if typing.get_args(kind) else Any
+            key = f"{key.rstrip('.')}[{index}]."
+        try:
+            value = value[name if name is not None else int(index)]
+        except (KeyError, IndexError, TypeError):
+            return f"{key.rstrip('.') or '<top level>'}: {what}"
+    return f"{key.rstrip('.') or '<top level>'} = {value!r}: {what}"
+
+
+def _field_type(kind: Any, name: str) -> Any:
+    """The declared type of field ``name`` of a Struct type, unwrapping Optional."""
+    for candidate in typing.get_args(kind) or (kind,):
+        if isinstance(candidate, type) and issubclass(candidate, msgspec.Struct):
+            hints = typing.get_type_hints(candidate, include_extras=True)
+            if name in hints:
+                hint = hints[name]
+                return typing.get_args(hint)[0] if typing.get_origin(hint) is Annotated else hint
+    return Any
+
+
+def load_config(path: str | Path | None = None) -> GatewayConfig:
+    """The config at ``path``, or the embedded default when ``path`` is None."""
+    if path is None:
+        text = resources.files("gateway").joinpath("default.yaml").read_text("utf-8")
+        return parse_config(text, "embedded default config")
+    try:
+        text = Path(path).read_text("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from exc
+    return parse_config(text, str(path))

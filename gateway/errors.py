@@ -1,0 +1,120 @@
+"""Every failure leaves the API in OpenAI's error shape, with a status a client can act on."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import msgspec
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
+
+from engines.base import EngineError, EngineOverloaded, EngineUnavailable, PromptTooLong
+from gateway.openai_types import ErrorBody, ErrorResponse
+
+log = logging.getLogger("satisfice.gateway")
+
+
+class APIError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = ErrorBody(message=message, type=type, param=param, code=code)
+        self.retry_after_s = retry_after_s
+
+    @classmethod
+    def from_engine(cls, exc: EngineError) -> APIError:
+        if isinstance(exc, EngineOverloaded):
+            return cls(
+                429,
+                exc.message,
+                type="rate_limit_error",
+                code="engine_overloaded",
+                retry_after_s=exc.retry_after_s,
+            )
+        if isinstance(exc, PromptTooLong):
+            return cls(400, exc.message, param="messages", code="context_length_exceeded")
+        if isinstance(exc, EngineUnavailable):
+            return cls(
+                503,
+                f"model {exc.engine!r} is unavailable: {exc.message}",
+                type="server_error",
+                code="engine_unavailable",
+                retry_after_s=1.0,
+            )
+        return cls(
+            502,
+            f"model {exc.engine!r} failed: {exc.message}",
+            type="server_error",
+            code="engine_error",
+        )
+
+    def response(self) -> Response[bytes]:
+        headers = {}
+        if self.retry_after_s is not None:
+            headers["Retry-After"] = str(max(1, math.ceil(self.retry_after_s)))
+        return Response(
+            msgspec.json.encode(ErrorResponse(self.body)),
+            status_code=self.status,
+            media_type="application/json",
+            headers=headers,
+        )
+
+
+def _validation_message(exc: ValidationException) -> tuple[str, str | None]:
+    """Litestar reports msgspec's decode errors in ``extra``; keep msgspec's wording."""
+    details = exc.extra if isinstance(exc.extra, list) else []
+    for detail in details:
+        if isinstance(detail, dict) and "message" in detail:
+            key = detail.get("key") or None
+            where = f" (at {key})" if key else ""
+            return f"{detail['message']}{where}", key
+    return str(exc.detail), None
+
+
+def _api_error(_: Request[Any, Any, Any], exc: APIError) -> Response[bytes]:
+    return exc.response()
+
+
+def _engine_error(_: Request[Any, Any, Any], exc: EngineError) -> Response[bytes]:
+    return APIError.from_engine(exc).response()
+
+
+def _http_error(_: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+    if isinstance(exc, ValidationException):
+        message, param = _validation_message(exc)
+        return APIError(400, f"invalid request body: {message}", param=param).response()
+    kinds = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+    error = APIError(
+        exc.status_code,
+        str(exc.detail),
+        type="invalid_request_error" if exc.status_code < 500 else "server_error",
+        code=kinds.get(exc.status_code),
+    )
+    return error.response()
+
+
+def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return APIError(
+        HTTP_500_INTERNAL_SERVER_ERROR, "internal error", type="server_error"
+    ).response()
+
+
+EXCEPTION_HANDLERS = {
+    APIError: _api_error,
+    EngineError: _engine_error,
+    HTTPException: _http_error,
+    Exception: _unexpected,
+}

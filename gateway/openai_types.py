@@ -1,0 +1,146 @@
+"""The OpenAI chat-completions wire format, as typed Structs.
+
+Requests are decoded strictly enough to refuse what we cannot honour with a clear
+message, and loosely enough (unknown fields are ignored) that the official clients'
+newer fields never break a request.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+class ContentPart(Struct, frozen=True):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(Struct, frozen=True):
+    role: Role
+    # None is allowed for assistant turns that only carried tool calls.
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class StreamOptions(Struct, frozen=True):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(Struct, frozen=True, kw_only=True):
+    model: str
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    max_tokens: Annotated[int, Meta(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Meta(ge=1)] | None = None
+    temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
+    n: Annotated[int, Meta(ge=1)] | None = None
+    stop: str | Annotated[list[str], Meta(max_length=4)] | None = None
+    seed: int | None = None
+    frequency_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
+    presence_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
+    logprobs: bool | None = False
+    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    user: str | None = None
+
+
+class TopLogprob(Struct, frozen=True):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(Struct, frozen=True):
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(Struct, frozen=True):
+    content: list[TokenLogprob]
+
+
+class AssistantMessage(Struct, frozen=True):
+    content: str
+    role: Literal["assistant"] = "assistant"
+
+
+class Choice(Struct, frozen=True):
+    index: int
+    message: AssistantMessage
+    finish_reason: str
+    logprobs: ChoiceLogprobs | None = None
+
+
+class Usage(Struct, frozen=True):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChatCompletion(Struct, frozen=True, kw_only=True):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+    system_fingerprint: str | None = None
+
+
+class ChunkDelta(Struct, frozen=True, omit_defaults=True):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChunkChoice(Struct, frozen=True):
+    index: int
+    delta: ChunkDelta
+    finish_reason: str | None = None
+    logprobs: ChoiceLogprobs | None = None
+
+
+class ChatCompletionChunk(Struct, frozen=True, kw_only=True):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+
+
+class Model(Struct, frozen=True):
+    id: str
+    created: int
+    owned_by: str = "satisfice"
+    object: Literal["model"] = "model"
+
+
+class ModelList(Struct, frozen=True):
+    data: list[Model]
+    object: Literal["list"] = "list"
+
+
+class ErrorBody(Struct, frozen=True):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(Struct, frozen=True):
+    error: ErrorBody
+
+
+def encode_sse(event: msgspec.Struct) -> bytes:
+    return b"data: " + msgspec.json.encode(event) + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
