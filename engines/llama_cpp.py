@@ -141,17 +141,20 @@ class _Worker:
         pending: list[TokenLogprob] = []
         count = 0
         finish: FinishReason = "length"
+        matched = False
 
-        def flush(piece: str) -> None:
+        def flush(piece: str, final: bool = False) -> None:
             nonlocal pending
             if lstrip and not any(pieces):
                 # A completion template ends with "Answer:"; the model's reply starts
                 # with the space after it, which is not part of the answer.
                 piece = piece.lstrip()
-            pieces.append(piece)
-            logprobs.extend(pending)
-            emit(Delta(index, piece, tuple(pending)))
-            pending = []
+            # Logprobs of tokens whose text is still held back wait for that text.
+            if piece or (final and pending):
+                pieces.append(piece)
+                logprobs.extend(pending)
+                emit(Delta(index, piece, tuple(pending)))
+                pending = []
 
         llm.set_seed(llama_cpp.LLAMA_DEFAULT_SEED if params.seed is None else params.seed)
         tokens = llm.generate(
@@ -182,17 +185,14 @@ class _Worker:
             self.tokens_generated += 1
             if recorder is not None:
                 pending.append(recorder.record(token))
-            safe, stopped = matcher.feed(decoder.decode(self.token_bytes(token)))
-            if safe or stopped:
-                flush(safe)
-            if stopped:
+            safe, matched = matcher.feed(decoder.decode(self.token_bytes(token)))
+            flush(safe)
+            if matched:
                 finish = "stop"
                 break
         tokens.close()
-        if finish != "stop":
-            tail = matcher.flush() + decoder.decode(b"", final=True)
-            if tail or pending:
-                flush(tail)
+        if not matched:  # text held back as a possible stop sequence was not one
+            flush(matcher.flush() + decoder.decode(b"", final=True), final=True)
         ended = time.monotonic()
         sample = Sample(
             index=index,
@@ -220,6 +220,7 @@ class LlamaCppEngine(FanOutEngine):
             name, settings.concurrency, settings.queue_size, settings.retry_after_s
         )
         self._executor = ThreadPoolExecutor(settings.concurrency, thread_name_prefix=name)
+        self._workers: list[_Worker] = []
         self._idle: list[_Worker] = []
         self._formatter: Jinja2ChatFormatter | None = None
         template = settings.template
@@ -232,15 +233,26 @@ class LlamaCppEngine(FanOutEngine):
             loop.run_in_executor(self._executor, _Worker, path, self._settings)
             for _ in range(self._settings.concurrency)
         ]
-        self._idle = list(await asyncio.gather(*loads))
+        self._workers = list(await asyncio.gather(*loads))
+        self._idle = list(self._workers)
         if self._completion is None:
             self._formatter = self._chat_formatter(self._idle[0].llm)
 
     async def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
-        for worker in self._idle:
+        for worker in self._workers:
             worker.llm.close()
-        self._idle = []
+        self._workers = self._idle = []
+
+    @property
+    def tokens_generated(self) -> int:
+        """Tokens sampled since start, over all samples, finished or cut short."""
+        return sum(worker.tokens_generated for worker in self._workers)
+
+    @property
+    def busy_slots(self) -> int:
+        """Slots whose worker is still generating (a cancelled one until it stops)."""
+        return len(self._workers) - len(self._idle)
 
     def _chat_formatter(self, llm: llama_cpp.Llama) -> Jinja2ChatFormatter:
         source = llm.metadata.get("tokenizer.chat_template")

@@ -41,11 +41,10 @@ class _ChatLogprob(msgspec.Struct):
     top_logprobs: list[TopLogprob] = []
 
 
-class _ChatLogprobs(msgspec.Struct):
+class _Logprobs(msgspec.Struct):
+    """Chat servers fill ``content``; legacy completions servers fill the rest."""
+
     content: list[_ChatLogprob] | None = None
-
-
-class _CompletionLogprobs(msgspec.Struct):
     tokens: list[str] = []
     token_logprobs: list[float | None] = []
     top_logprobs: list[dict[str, float] | None] | None = None
@@ -60,7 +59,7 @@ class _Choice(msgspec.Struct):
     delta: _ChatDelta | None = None
     text: str | None = None
     finish_reason: str | None = None
-    logprobs: _ChatLogprobs | _CompletionLogprobs | None = None
+    logprobs: _Logprobs | None = None
 
 
 class _Usage(msgspec.Struct):
@@ -73,21 +72,20 @@ class _Chunk(msgspec.Struct):
     usage: _Usage | None = None
 
 
-def _decode_logprobs(raw: _ChatLogprobs | _CompletionLogprobs | None) -> tuple[TokenLogprob, ...]:
-    match raw:
-        case _ChatLogprobs(content=list(content)):
-            return tuple(TokenLogprob(c.token, c.logprob, tuple(c.top_logprobs)) for c in content)
-        case _CompletionLogprobs(tokens=tokens, token_logprobs=values, top_logprobs=tops):
-            tops = tops or [None] * len(tokens)
-            return tuple(
-                TokenLogprob(
-                    token,
-                    value if value is not None else float("-inf"),
-                    tuple(TopLogprob(t, lp) for t, lp in (top or {}).items()),
-                )
-                for token, value, top in zip(tokens, values, tops, strict=False)
-            )
-    return ()
+def _decode_logprobs(raw: _Logprobs | None) -> tuple[TokenLogprob, ...]:
+    if raw is None:
+        return ()
+    if raw.content is not None:
+        return tuple(TokenLogprob(c.token, c.logprob, tuple(c.top_logprobs)) for c in raw.content)
+    tops = raw.top_logprobs or [None] * len(raw.tokens)
+    return tuple(
+        TokenLogprob(
+            token,
+            float("-inf") if value is None else value,
+            tuple(TopLogprob(t, lp) for t, lp in (top or {}).items()),
+        )
+        for token, value, top in zip(raw.tokens, raw.token_logprobs, tops, strict=False)
+    )
 
 
 class OpenAIHTTPEngine(FanOutEngine):

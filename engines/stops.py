@@ -17,10 +17,12 @@ class StopMatcher:
     def feed(self, text: str) -> tuple[str, bool]:
         """Return the text that is safe to emit and whether a stop sequence ended it."""
         held = self._held + text
-        cut = min((i for s in self._stops if (i := held.find(s)) >= 0), default=-1)
-        if cut >= 0:
+        # Generation stops where the first stop sequence is complete: the earliest end
+        # wins, whichever pieces the text arrived in.
+        found = [(i + len(s), i) for s in self._stops if (i := held.find(s)) >= 0]
+        if found:
             self._held = ""
-            return held[:cut], True
+            return held[: min(found)[1]], True
         keep = self._partial_suffix(held)
         self._held = held[len(held) - keep :] if keep else ""
         return held[: len(held) - keep], False

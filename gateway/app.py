@@ -6,16 +6,26 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
-from litestar import Litestar, Response, get, post
+import msgspec
+from litestar import Litestar, Request, Response, get, post
 from litestar.datastructures import State
 from litestar.openapi import OpenAPIConfig
+from litestar.openapi.datastructures import ResponseSpec
 from litestar.response import Stream
+from litestar.types import ASGIApp
 
 from gateway.chat import complete, open_stream, prepare
 from gateway.config import GatewayConfig
 from gateway.errors import EXCEPTION_HANDLERS, APIError
-from gateway.openai_types import ChatCompletion, ChatCompletionRequest, Model, ModelList
+from gateway.openai_types import (
+    ChatCompletion,
+    ChatCompletionRequest,
+    ErrorResponse,
+    Model,
+    ModelList,
+)
 from gateway.runtime import Runtime
 
 _CHAT_RESPONSES_DOC = "A chat completion, or with `stream: true` a text/event-stream of chunks."
@@ -31,14 +41,31 @@ def _runtime(state: State) -> Runtime:
     return runtime
 
 
-@post("/v1/chat/completions", description=_CHAT_RESPONSES_DOC, status_code=200)
-async def chat_completions(data: ChatCompletionRequest, state: State) -> ChatCompletion | Stream:
+# The handler returns finished ASGI responses: given a Stream, Litestar would still
+# apply the route's JSON media type. `responses` keeps the OpenAPI schema complete.
+@post(
+    "/v1/chat/completions",
+    description=_CHAT_RESPONSES_DOC,
+    status_code=200,
+    responses={
+        200: ResponseSpec(ChatCompletion, description="The completion (without `stream`)"),
+        400: ResponseSpec(ErrorResponse, description="Invalid request"),
+        404: ResponseSpec(ErrorResponse, description="Unknown model"),
+        429: ResponseSpec(ErrorResponse, description="Engine queue full; see Retry-After"),
+        503: ResponseSpec(ErrorResponse, description="Not ready, or engine unavailable"),
+    },
+)
+async def chat_completions(
+    data: ChatCompletionRequest, state: State, request: Request[Any, Any, Any]
+) -> ASGIApp:
     runtime = _runtime(state)
     call = prepare(data, runtime.engines, runtime.config.server)
     if not data.stream:
-        return await complete(call)
+        completion = msgspec.json.encode(await complete(call))
+        return Response(completion, media_type="application/json").to_asgi_response(None, request)
     body = await open_stream(call)
-    return Stream(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    stream = Stream(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return stream.to_asgi_response(None, request)
 
 
 @get("/v1/models")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from typing import Any
 
 import msgspec
@@ -72,14 +73,22 @@ class APIError(Exception):
         )
 
 
+_MISSING = re.compile(r"missing required field `([^`]+)`")
+
+
 def _validation_message(exc: ValidationException) -> tuple[str, str | None]:
-    """Litestar reports msgspec's decode errors in ``extra``; keep msgspec's wording."""
+    """Litestar reports msgspec's decode errors in ``extra``; keep msgspec's wording
+    and name the offending field as OpenAI's ``param`` does."""
     details = exc.extra if isinstance(exc.extra, list) else []
     for detail in details:
         if isinstance(detail, dict) and "message" in detail:
-            key = detail.get("key") or None
-            where = f" (at {key})" if key else ""
-            return f"{detail['message']}{where}", key
+            message = str(detail["message"])
+            # Litestar calls the body itself "data"; the client never wrote that name.
+            key = detail.get("key") if detail.get("key") != "data" else None
+            if missing := _MISSING.search(message):
+                key = f"{key}.{missing.group(1)}" if key else missing.group(1)
+                return message, key
+            return (f"{message} (at {key})" if key else message), key
     return str(exc.detail), None
 
 
@@ -91,14 +100,21 @@ def _engine_error(_: Request[Any, Any, Any], exc: EngineError) -> Response[bytes
     return APIError.from_engine(exc).response()
 
 
-def _http_error(_: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
     if isinstance(exc, ValidationException):
         message, param = _validation_message(exc)
         return APIError(400, f"invalid request body: {message}", param=param).response()
+    detail = str(exc.detail)
+    if exc.status_code == 400:
+        # Litestar's other 400s come from msgspec failing to parse the bytes at all.
+        detail = f"request body is not valid JSON: {detail}"
+    elif exc.status_code == 413:
+        limit = request.app.state.runtime.config.server.max_body_bytes
+        detail = f"request body is larger than the limit of {limit} bytes"
     kinds = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
     error = APIError(
         exc.status_code,
-        str(exc.detail),
+        detail,
         type="invalid_request_error" if exc.status_code < 500 else "server_error",
         code=kinds.get(exc.status_code),
     )

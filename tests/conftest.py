@@ -1,0 +1,123 @@
+"""Shared fixtures: real bundled models, a real gateway process, real HTTP."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from engines.llama_cpp import LlamaCppEngine
+from engines.settings import LlamaCppSettings
+from gateway.config import GatewayConfig, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until_ready(url: str, process: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args} exited with {process.returncode}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} not ready after {timeout_s}s")
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+@pytest.fixture(scope="session")
+def default_config() -> GatewayConfig:
+    return load_config()
+
+
+@pytest.fixture(scope="session")
+def models_dir(default_config: GatewayConfig) -> Path:
+    return Path(default_config.models_dir).expanduser()
+
+
+async def _started(config: GatewayConfig, name: str, models_dir: Path) -> LlamaCppEngine:
+    settings = config.engines[name]
+    assert isinstance(settings, LlamaCppSettings)
+    engine = LlamaCppEngine(name, settings, models_dir)
+    await engine.start()
+    return engine
+
+
+@pytest.fixture(scope="session")
+async def small_engine(
+    default_config: GatewayConfig, models_dir: Path
+) -> AsyncIterator[LlamaCppEngine]:
+    engine = await _started(default_config, "small", models_dir)
+    yield engine
+    await engine.close()
+
+
+@pytest.fixture(scope="session")
+async def large_engine(
+    default_config: GatewayConfig, models_dir: Path
+) -> AsyncIterator[LlamaCppEngine]:
+    engine = await _started(default_config, "large", models_dir)
+    yield engine
+    await engine.close()
+
+
+GATEWAY_CONFIG = """
+server:
+  max_body_bytes: 65536
+  max_tokens_cap: 512
+  max_n: 4
+engines:
+  small:
+    backend: llama_cpp
+    model: smollm2-135m-instruct
+    queue_size: 1
+  large:
+    backend: llama_cpp
+    model: gemma3-270m
+    template:
+      stop: ["\\nQuestion:", "\\n\\n"]
+"""
+
+
+@pytest.fixture(scope="session")
+def gateway_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real `satisfice serve` process on a free port, serving the bundled models."""
+    config = tmp_path_factory.mktemp("gateway") / "satisfice.yaml"
+    config.write_text(GATEWAY_CONFIG)
+    port = free_port()
+    command = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)]
+    process = subprocess.Popen(
+        [*command, "--port", str(port)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_ready(f"{url}/readyz", process)
+        yield url
+    finally:
+        stop(process)

@@ -1,0 +1,138 @@
+"""The gateway as clients meet it: the official openai client over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import openai
+import pytest
+
+HELLO = [{"role": "user", "content": "What is 2+2?"}]
+STORY = [{"role": "user", "content": "Write a long story about a dragon and a knight."}]
+
+
+@pytest.fixture(scope="module")
+def client(gateway_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gateway_url}/v1", api_key="unused", max_retries=0)
+
+
+def test_lists_models(client: openai.OpenAI) -> None:
+    assert [m.id for m in client.models.list()] == ["small", "large"]
+
+
+def test_chat_completion_with_every_parameter(client: openai.OpenAI) -> None:
+    completion = client.chat.completions.create(
+        model="small",
+        messages=[{"role": "system", "content": "Be brief."}, *HELLO],
+        max_tokens=8,
+        temperature=0.7,
+        top_p=0.9,
+        stop=["\n\n"],
+        n=2,
+        seed=11,
+        logprobs=True,
+        top_logprobs=2,
+        user="tenant-a",
+    )
+    assert completion.object == "chat.completion"
+    assert completion.model == "small"
+    assert [c.index for c in completion.choices] == [0, 1]
+    for choice in completion.choices:
+        assert choice.message.role == "assistant"
+        assert choice.finish_reason in ("stop", "length")
+        assert choice.logprobs is not None and choice.logprobs.content
+        assert all(len(t.top_logprobs) == 2 for t in choice.logprobs.content)
+    usage = completion.usage
+    assert usage is not None and usage.prompt_tokens > 0
+    assert usage.completion_tokens == sum(len(c.logprobs.content) for c in completion.choices)  # type: ignore[union-attr]
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+
+def test_same_seed_same_answer(client: openai.OpenAI) -> None:
+    answers = {
+        client.chat.completions.create(
+            model="small", messages=STORY, max_tokens=12, temperature=1.0, seed=42
+        )
+        .choices[0]
+        .message.content
+        for _ in range(2)
+    }
+    assert len(answers) == 1
+
+
+def test_large_model_answers(client: openai.OpenAI) -> None:
+    completion = client.chat.completions.create(
+        model="large",
+        messages=[{"role": "user", "content": "What is the capital of Italy?"}],
+        max_tokens=10,
+        temperature=0,
+    )
+    assert completion.choices[0].message.content == "Rome"
+    assert completion.choices[0].finish_reason == "stop"
+
+
+def test_stream_chunks_and_usage(client: openai.OpenAI) -> None:
+    chunks = list(
+        client.chat.completions.create(
+            model="small",
+            messages=STORY,
+            max_tokens=10,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert len({c.id for c in chunks}) == 1
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    finishing = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert [c.choices[0].finish_reason for c in finishing] == ["length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 10
+
+
+def test_stream_is_well_formed_sse(gateway_url: str) -> None:
+    body = {"model": "small", "messages": HELLO, "max_tokens": 4, "stream": True}
+    with httpx.stream("POST", f"{gateway_url}/v1/chat/completions", json=body) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        raw = response.read().decode()
+    events = [e for e in raw.split("\n\n") if e]
+    assert all(e.startswith("data: ") for e in events)
+    assert events[-1] == "data: [DONE]"
+
+
+async def test_async_client_stream_and_plain(gateway_url: str) -> None:
+    client = openai.AsyncOpenAI(base_url=f"{gateway_url}/v1", api_key="unused", max_retries=0)
+    async with client:
+        plain = await client.chat.completions.create(model="small", messages=HELLO, max_tokens=6)
+        stream = await client.chat.completions.create(
+            model="large", messages=HELLO, max_tokens=6, stream=True
+        )
+        pieces = [chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices]
+    assert plain.choices[0].message.content
+    assert "".join(pieces)
+
+
+async def test_full_queue_answers_429_with_retry_after(gateway_url: str) -> None:
+    """The test config gives `small` one slot and one queue place: a third request is shed."""
+    body = {"model": "small", "messages": STORY, "max_tokens": 60, "temperature": 0}
+    async with httpx.AsyncClient(base_url=gateway_url, timeout=60) as http:
+        responses = await asyncio.gather(
+            *(http.post("/v1/chat/completions", json=body) for _ in range(4))
+        )
+    statuses = sorted(r.status_code for r in responses)
+    assert statuses == [200, 200, 429, 429]
+    shed = next(r for r in responses if r.status_code == 429)
+    assert shed.headers["retry-after"] == "1"
+    assert shed.json()["error"]["code"] == "engine_overloaded"
+
+
+def test_health_readiness_and_openapi(gateway_url: str) -> None:
+    assert httpx.get(f"{gateway_url}/healthz").json() == {"status": "ok"}
+    ready = httpx.get(f"{gateway_url}/readyz")
+    assert ready.status_code == 200 and ready.json()["ready"] is True
+    schema = httpx.get(f"{gateway_url}/openapi/openapi.json").json()
+    assert "/v1/chat/completions" in schema["paths"]
+    assert "ChatCompletionRequest" in str(schema["components"])

@@ -1,0 +1,85 @@
+"""Config files: the embedded default, and bad files refused with path, value and expectation."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engines.settings import LlamaCppSettings
+from engines.templates import CompletionTemplate
+from gateway.config import ConfigError, load_config, parse_config
+
+BASE = """
+engines:
+  small:
+    backend: llama_cpp
+    model: smollm2-135m-instruct
+"""
+
+
+def test_embedded_default_serves_both_bundled_models() -> None:
+    config = load_config()
+    assert set(config.engines) == {"small", "large"}
+    small, large = config.engines["small"], config.engines["large"]
+    assert isinstance(small, LlamaCppSettings) and small.template == "chat"
+    assert isinstance(large, LlamaCppSettings)
+    assert isinstance(large.template, CompletionTemplate)
+    assert large.template.preamble.startswith("Question:")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (BASE + "    concurrency: two\n", "engines.small.concurrency = 'two': Expected `int`"),
+        (BASE + "    concurency: 2\n", "engines.small: Object contains unknown field `concurency`"),
+        (BASE + "    queue_size: -1\n", "engines.small.queue_size = -1: Expected `int` >= 0"),
+        (
+            BASE.replace("llama_cpp", "tensorrt"),
+            "engines.small.backend = 'tensorrt': Invalid value 'tensorrt'",
+        ),
+        ("server:\n  port: 99999\n" + BASE, "server.port = 99999: Expected `int` <= 65535"),
+        ("engines: {}\n", "at least one engine"),
+        (BASE.replace("small:", "auto:"), "engines.auto: the name is reserved"),
+        (
+            BASE + "  remote:\n    backend: openai_http\n    model: m\n",
+            "engines.remote: Object missing required field `base_url`",
+        ),
+        ("engines: [1\n", "not valid YAML"),
+        ("- 1\n", "expected a mapping"),
+    ],
+)
+def test_bad_config_names_path_value_and_expectation(text: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text, "satisfice.yaml")
+    assert str(caught.value).startswith("satisfice.yaml: ")
+    assert expected in str(caught.value)
+
+
+def _check(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "config", "check", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_config_check_command(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(BASE)
+    result = _check(good)
+    assert result.returncode == 0, result.stderr
+    assert "ok" in result.stdout
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(BASE + "    threads: many\n")
+    result = _check(bad)
+    assert result.returncode == 2
+    assert "engines.small.threads = 'many'" in result.stderr
+
+    result = _check(tmp_path / "missing.yaml")
+    assert result.returncode == 2
+    assert "cannot read" in result.stderr

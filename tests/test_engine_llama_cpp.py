@@ -1,0 +1,189 @@
+"""The in-process llama.cpp engine on the bundled models."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+
+import llama_cpp
+import pytest
+
+from engines.base import (
+    Delta,
+    EngineOverloaded,
+    Generation,
+    Message,
+    PromptTooLong,
+    SamplingParams,
+)
+from engines.bundled import SMOLLM2, model_file
+from engines.llama_cpp import LlamaCppEngine
+from engines.settings import LlamaCppSettings
+
+QUESTION = (Message("user", "What is the capital of France? Answer in one word."),)
+STORY = (Message("user", "Write a long story about a dragon and a knight."),)
+
+
+async def test_generates_with_chat_template(small_engine: LlamaCppEngine) -> None:
+    generation = await small_engine.generate(QUESTION, SamplingParams(max_tokens=24, temperature=0))
+    sample = generation.samples[0]
+    assert "Paris" in sample.text
+    assert sample.finish_reason in ("stop", "length")
+    assert 0 < sample.completion_tokens <= 24
+    # The chat template wraps the question in role markers, so the prompt is longer.
+    assert generation.prompt_tokens > 10
+    assert sample.timings.first_token_s is not None
+    assert sample.timings.total_s >= sample.timings.first_token_s
+
+
+async def test_base_model_answers_through_completion_template(
+    large_engine: LlamaCppEngine,
+) -> None:
+    question = (Message("user", "What is the capital of Italy?"),)
+    generation = await large_engine.generate(question, SamplingParams(max_tokens=16, temperature=0))
+    sample = generation.samples[0]
+    assert sample.text == "Rome"
+    assert sample.finish_reason == "stop"  # the template's stop cut off the next "Question:"
+
+
+async def test_max_tokens_ends_with_length(small_engine: LlamaCppEngine) -> None:
+    generation = await small_engine.generate(STORY, SamplingParams(max_tokens=5, temperature=0))
+    assert generation.samples[0].finish_reason == "length"
+    assert generation.samples[0].completion_tokens == 5
+
+
+async def test_stop_sequence_is_cut_and_not_returned(small_engine: LlamaCppEngine) -> None:
+    free = await small_engine.generate(STORY, SamplingParams(max_tokens=40, temperature=0))
+    words = free.samples[0].text.split()
+    stop = " " + words[3]
+    generation = await small_engine.generate(
+        STORY, SamplingParams(max_tokens=40, temperature=0, stop=(stop,))
+    )
+    sample = generation.samples[0]
+    assert sample.finish_reason == "stop"
+    assert stop not in sample.text
+    assert free.samples[0].text.startswith(sample.text)
+
+
+async def test_logprobs_match_llama_cpp_full_logits(
+    small_engine: LlamaCppEngine, models_dir: object
+) -> None:
+    """Our per-step log-softmax equals llama.cpp's own logits_all=True path."""
+    params = SamplingParams(max_tokens=8, temperature=0, logprobs=True, top_logprobs=3)
+    prompt = "The three primary colours are"
+    generation = await small_engine.generate(prompt, params)
+    sample = generation.samples[0]
+    assert len(sample.logprobs) == sample.completion_tokens == 8
+    for token in sample.logprobs:
+        assert token.logprob <= 0
+        tops = [t.logprob for t in token.top]
+        assert tops == sorted(tops, reverse=True)
+        # Greedy decoding picks the most likely token.
+        assert token.top[0].token == token.token
+        assert math.isclose(token.top[0].logprob, token.logprob)
+
+    reference = llama_cpp.Llama(
+        model_path=str(model_file(SMOLLM2, models_dir)),  # type: ignore[arg-type]
+        n_ctx=512,
+        logits_all=True,
+        verbose=False,
+    )
+    try:
+        full = reference.create_completion(prompt, max_tokens=8, temperature=0, logprobs=1)
+    finally:
+        reference.close()
+    expected = full["choices"][0]["logprobs"]["token_logprobs"]
+    assert full["choices"][0]["text"] == sample.text
+    assert [t.logprob for t in sample.logprobs] == pytest.approx(expected, abs=1e-3)
+
+
+async def test_n_samples_are_independent_and_seeded(small_engine: LlamaCppEngine) -> None:
+    params = SamplingParams(max_tokens=12, temperature=1.0, n=3, seed=7)
+    first = await small_engine.generate(STORY, params)
+    again = await small_engine.generate(STORY, params)
+    assert [s.index for s in first.samples] == [0, 1, 2]
+    assert [s.text for s in first.samples] == [s.text for s in again.samples]
+    assert len({s.text for s in first.samples}) > 1
+    assert first.completion_tokens == sum(s.completion_tokens for s in first.samples)
+
+
+async def test_stream_deltas_add_up_to_the_generation(small_engine: LlamaCppEngine) -> None:
+    params = SamplingParams(max_tokens=20, temperature=0.8, seed=1, n=2, logprobs=True)
+    texts = ["", ""]
+    counted = [0, 0]
+    final: Generation | None = None
+    async for event in small_engine.stream(STORY, params):
+        if isinstance(event, Delta):
+            texts[event.index] += event.text
+            counted[event.index] += len(event.logprobs)
+        else:
+            final = event
+    assert final is not None
+    assert texts == [s.text for s in final.samples]
+    assert counted == [len(s.logprobs) for s in final.samples]
+
+
+async def test_deadline_returns_what_exists(small_engine: LlamaCppEngine) -> None:
+    started = time.monotonic()
+    deadline = started + 0.3
+    generation = await small_engine.generate(
+        STORY, SamplingParams(max_tokens=1000, temperature=0.8, seed=2), deadline
+    )
+    elapsed = time.monotonic() - started
+    sample = generation.samples[0]
+    assert sample.finish_reason == "deadline"
+    assert sample.text
+    assert elapsed < 0.3 + 0.2
+
+
+async def _wait_idle(engine: LlamaCppEngine) -> None:
+    # Polling: the engine signals nothing when a cancelled worker thread winds down.
+    while engine.busy_slots:  # noqa: ASYNC110
+        await asyncio.sleep(0.001)
+
+
+async def test_cancellation_stops_within_one_token(small_engine: LlamaCppEngine) -> None:
+    await _wait_idle(small_engine)
+    seen = asyncio.Event()
+
+    async def consume() -> None:
+        count = 0
+        async for event in small_engine.stream(STORY, SamplingParams(max_tokens=500, seed=3)):
+            count += isinstance(event, Delta)
+            if count == 5:
+                seen.set()
+
+    task = asyncio.create_task(consume())
+    await seen.wait()
+    before = small_engine.tokens_generated
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await asyncio.wait_for(_wait_idle(small_engine), timeout=1)
+    assert small_engine.tokens_generated - before <= 1
+
+
+async def test_full_queue_raises_overload(models_dir: object) -> None:
+    settings = LlamaCppSettings(model=SMOLLM2, concurrency=1, queue_size=1, retry_after_s=2)
+    engine = LlamaCppEngine("tiny-queue", settings, models_dir)  # type: ignore[arg-type]
+    await engine.start()
+    try:
+        params = SamplingParams(max_tokens=40, temperature=0)
+        results = await asyncio.gather(
+            *(engine.generate(STORY, params) for _ in range(3)), return_exceptions=True
+        )
+        overloaded = [r for r in results if isinstance(r, EngineOverloaded)]
+        assert len(overloaded) == 1
+        assert overloaded[0].retry_after_s == 2
+        assert sum(isinstance(r, Generation) for r in results) == 2
+    finally:
+        await engine.close()
+
+
+async def test_prompt_longer_than_context_is_refused(small_engine: LlamaCppEngine) -> None:
+    huge = (Message("user", "word " * 5000),)
+    with pytest.raises(PromptTooLong) as caught:
+        await small_engine.generate(huge, SamplingParams(max_tokens=4))
+    assert caught.value.context_tokens == 2048
