@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import openai
@@ -136,3 +137,27 @@ def test_health_readiness_and_openapi(gateway_url: str) -> None:
     schema = httpx.get(f"{gateway_url}/openapi/openapi.json").json()
     assert "/v1/chat/completions" in schema["paths"]
     assert "ChatCompletionRequest" in str(schema["components"])
+
+
+def test_client_disconnect_stops_generation(gateway_url: str) -> None:
+    """A client that hangs up mid-stream frees the engine at once.
+
+    `small` has one generation slot. The abandoned stream would run for 512 tokens
+    (about 5 s here, greedy); the next request only gets the slot quickly if the
+    gateway stopped generating when the client went away.
+    """
+    body = {"model": "small", "messages": STORY, "max_tokens": 512, "temperature": 0}
+    with httpx.stream(
+        "POST", f"{gateway_url}/v1/chat/completions", json={**body, "stream": True}
+    ) as response:
+        for i, _ in enumerate(response.iter_lines()):
+            if i == 6:
+                break
+    started = time.monotonic()
+    follow_up = httpx.post(
+        f"{gateway_url}/v1/chat/completions",
+        json={"model": "small", "messages": HELLO, "max_tokens": 1},
+        timeout=30,
+    )
+    assert follow_up.status_code == 200
+    assert time.monotonic() - started < 2.0
