@@ -12,6 +12,7 @@ import asyncio
 import codecs
 import contextlib
 import ctypes
+import os
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
@@ -219,7 +220,9 @@ class LlamaCppEngine(FanOutEngine):
         self._admission = Admission(
             name, settings.concurrency, settings.queue_size, settings.retry_after_s
         )
-        self._executor = ThreadPoolExecutor(settings.concurrency, thread_name_prefix=name)
+        self._executor = ThreadPoolExecutor(
+            settings.concurrency, thread_name_prefix=name, initializer=_yield_to_event_loop
+        )
         self._workers: list[_Worker] = []
         self._idle: list[_Worker] = []
         self._formatter: Jinja2ChatFormatter | None = None
@@ -320,6 +323,17 @@ class LlamaCppEngine(FanOutEngine):
             cancel.set()
         timings = msgspec.structs.replace(done.sample.timings, queue_s=queue_s)
         yield SampleDone(msgspec.structs.replace(done.sample, timings=timings), done.prompt_tokens)
+
+
+def _yield_to_event_loop() -> None:
+    """Run this worker thread, and the llama.cpp threads it starts, at a lower priority.
+
+    llama.cpp's threads keep every core busy while they decode; at equal priority the
+    event loop waits for a scheduler tick to hand over a token or answer a request.
+    The threads llama.cpp starts from this one inherit its nice value.
+    """
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 5)
 
 
 def _chat_dicts(messages: Sequence[Message]) -> list[dict[str, str]]:

@@ -61,8 +61,13 @@ async def chat_completions(
     runtime = _runtime(state)
     call = prepare(data, runtime.engines, runtime.config.server)
     if not data.stream:
-        completion = msgspec.json.encode(await complete(call))
-        return Response(completion, media_type="application/json").to_asgi_response(None, request)
+        completion, engine_s = await complete(call)
+        # Server-Timing lets a client tell the engine's time from the gateway's own.
+        timing = {"Server-Timing": f"engine;dur={engine_s * 1000:.3f}"}
+        response = Response(
+            msgspec.json.encode(completion), media_type="application/json", headers=timing
+        )
+        return response.to_asgi_response(None, request)
     body = await open_stream(call)
     stream = Stream(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     return stream.to_asgi_response(None, request)

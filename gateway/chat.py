@@ -146,9 +146,11 @@ def _usage(generation: Generation) -> Usage:
     return Usage(generation.prompt_tokens, completion, generation.prompt_tokens + completion)
 
 
-async def complete(call: ChatCall) -> ChatCompletion:
+async def complete(call: ChatCall) -> tuple[ChatCompletion, float]:
+    """The completion, and the seconds the engine spent on it (queue included)."""
     generation = await call.engine.generate(call.messages, call.params)
-    return ChatCompletion(
+    engine_s = max(s.timings.queue_s + s.timings.total_s for s in generation.samples)
+    completion = ChatCompletion(
         id=call.id,
         created=call.created,
         model=call.model,
@@ -163,6 +165,7 @@ async def complete(call: ChatCall) -> ChatCompletion:
         ],
         usage=_usage(generation),
     )
+    return completion, engine_s
 
 
 async def open_stream(call: ChatCall) -> AsyncIterator[bytes]:

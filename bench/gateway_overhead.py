@@ -1,0 +1,241 @@
+"""What the gateway adds: the same requests through HTTP vs a direct in-process engine call.
+
+One run, side by side and interleaved (direct, gateway, direct, gateway, ...), greedy
+decoding so both generate the very same tokens:
+  - non-streaming: added latency per request (gateway - direct) and the ratio of totals;
+  - streaming: time to first token through the gateway vs the engine's first delta;
+  - a bare GET /healthz at the same spacing: the HTTP round trip under any overhead;
+  - the serving process's peak RSS after the run.
+The gateway is a real `satisfice serve` process on 127.0.0.1 with the embedded default
+config; the client is httpx with keep-alive, as a product backend would use.
+
+    .venv/bin/python bench/gateway_overhead.py [--rounds 20] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import NamedTuple, TypeVar
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from engines.base import Delta, Message, SamplingParams  # noqa: E402
+from engines.llama_cpp import LlamaCppEngine  # noqa: E402
+from engines.settings import LlamaCppSettings  # noqa: E402
+from gateway.config import load_config  # noqa: E402
+
+QUESTIONS = [
+    "What is 2+2?",
+    "Name three colours.",
+    "What is the capital of France? Answer in one word.",
+    "Say hello.",
+    "What is a dragon?",
+]
+MAX_TOKENS = 32
+SETTLE_S = 0.02
+T = TypeVar("T")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM")
+
+
+async def _wait_ready(http: httpx.AsyncClient, process: subprocess.Popen[bytes]) -> None:
+    for _ in range(600):
+        if process.poll() is not None:
+            raise RuntimeError("gateway exited")
+        try:
+            if (await http.get("/readyz")).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        await asyncio.sleep(0.2)
+    raise TimeoutError("gateway not ready")
+
+
+async def _settled(measurement: Awaitable[T]) -> T:
+    """Run a measurement once the other side's llama.cpp threads have stopped spinning.
+
+    llama.cpp's worker threads busy-wait for a while after each decode; on two cores
+    they would slow whichever side runs next, so each measurement waits them out.
+    """
+    await asyncio.sleep(SETTLE_S)
+    return await measurement
+
+
+class Timed(NamedTuple):
+    wall_s: float  # what the caller waited
+    engine_s: float  # what the engine reports it spent (queue + generation)
+    tokens: int
+
+
+async def _direct(engine: LlamaCppEngine, question: str) -> Timed:
+    started = time.perf_counter()
+    generation = await engine.generate(
+        (Message("user", question),), SamplingParams(max_tokens=MAX_TOKENS, temperature=0)
+    )
+    wall = time.perf_counter() - started
+    sample = generation.samples[0]
+    engine_s = sample.timings.queue_s + sample.timings.total_s
+    return Timed(wall, engine_s, generation.completion_tokens)
+
+
+async def _via_gateway(http: httpx.AsyncClient, question: str) -> Timed:
+    body = {
+        "model": "small",
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+    }
+    started = time.perf_counter()
+    response = await http.post("/v1/chat/completions", json=body)
+    elapsed = time.perf_counter() - started
+    response.raise_for_status()
+    engine_ms = float(response.headers["server-timing"].split("dur=")[1])
+    return Timed(elapsed, engine_ms / 1000, int(response.json()["usage"]["completion_tokens"]))
+
+
+async def _healthz(http: httpx.AsyncClient) -> float:
+    """A bare HTTP round trip to the same server: the floor under any gateway overhead."""
+    started = time.perf_counter()
+    (await http.get("/healthz")).raise_for_status()
+    return time.perf_counter() - started
+
+
+async def _direct_ttft(engine: LlamaCppEngine, question: str) -> float:
+    started = time.perf_counter()
+    params = SamplingParams(max_tokens=4, temperature=0)
+    async for event in engine.stream((Message("user", question),), params):
+        if isinstance(event, Delta) and event.text:
+            return time.perf_counter() - started
+    raise RuntimeError("no token")
+
+
+async def _gateway_ttft(http: httpx.AsyncClient, question: str) -> float:
+    body = {
+        "model": "small",
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": 4,
+        "temperature": 0,
+        "stream": True,
+    }
+    started = time.perf_counter()
+    first: float | None = None
+    async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+        async for line in response.aiter_lines():
+            if first is None and '"content":"' in line and '"content":""' not in line:
+                first = time.perf_counter() - started
+    if first is None:
+        raise RuntimeError("no token")
+    return first
+
+
+async def run(
+    rounds: int, engine: LlamaCppEngine, process: subprocess.Popen[bytes], port: int
+) -> dict[str, object]:
+    await engine.start()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as http:
+            await _wait_ready(http, process)
+            for question in QUESTIONS:  # warm both sides up
+                await _direct(engine, question)
+                await _via_gateway(http, question)
+            direct, gateway, added = [], [], []
+            direct_ttft, gateway_ttft, floor = [], [], []
+            for round_ in range(rounds):
+                for i, question in enumerate(QUESTIONS):
+                    # Alternate which side goes first (ABBA) so order effects cancel.
+                    flip = (round_ + i) % 2 == 1
+                    direct_run = _settled(_direct(engine, question))
+                    gateway_run = _settled(_via_gateway(http, question))
+                    if flip:
+                        g, d = await gateway_run, await direct_run
+                    else:
+                        d, g = await direct_run, await gateway_run
+                    assert d.tokens == g.tokens, "both sides must generate the same tokens"
+                    direct.append(d.wall_s)
+                    gateway.append(g.wall_s)
+                    # Time outside the engine on each side: generation time varies from
+                    # run to run by more than the overhead, so it is taken out.
+                    added.append((g.wall_s - g.engine_s) - (d.wall_s - d.engine_s))
+                    floor.append(await _settled(_healthz(http)))
+                    # A question neither side has just seen, so both pay its prefill.
+                    fresh = QUESTIONS[(i + 2) % len(QUESTIONS)]
+                    direct_first = _settled(_direct_ttft(engine, fresh))
+                    gateway_first = _settled(_gateway_ttft(http, fresh))
+                    if flip:
+                        gateway_ttft.append(await gateway_first)
+                        direct_ttft.append(await direct_first)
+                    else:
+                        direct_ttft.append(await direct_first)
+                        gateway_ttft.append(await gateway_first)
+            peak_rss = _peak_rss_mib(process.pid)
+    finally:
+        await engine.close()
+    added_ms = sorted(a * 1000 for a in added)
+    return {
+        "requests": len(added),
+        "max_tokens": MAX_TOKENS,
+        "direct_median_ms": round(statistics.median(direct) * 1000, 2),
+        "gateway_median_ms": round(statistics.median(gateway) * 1000, 2),
+        "added_latency_median_ms": round(statistics.median(added_ms), 3),
+        "added_latency_p90_ms": round(added_ms[int(0.9 * (len(added_ms) - 1))], 3),
+        "added_latency_p99_ms": round(added_ms[int(0.99 * (len(added_ms) - 1))], 3),
+        "http_round_trip_median_ms": round(statistics.median(floor) * 1000, 3),
+        "total_time_ratio": round(sum(gateway) / sum(direct), 4),
+        "direct_ttft_median_ms": round(statistics.median(direct_ttft) * 1000, 2),
+        "gateway_ttft_median_ms": round(statistics.median(gateway_ttft) * 1000, 2),
+        "ttft_ratio": round(statistics.median(gateway_ttft) / statistics.median(direct_ttft), 4),
+        "serving_peak_rss_mib": round(peak_rss, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    config = load_config()
+    settings = config.engines["small"]
+    assert isinstance(settings, LlamaCppSettings)
+    engine = LlamaCppEngine("small", settings, Path(config.models_dir).expanduser())
+    port = _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        report = asyncio.run(run(args.rounds, engine, process, port))
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    print(json.dumps(report, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
