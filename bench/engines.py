@@ -92,9 +92,12 @@ async def bench_model(
     results: dict[str, list[float]] = {k: [] for k in [*variants, "logits_all"]}
     counts: set[int] = set()
     await _engine_tps(engine, base)  # warm-up
-    for _ in range(rounds):
-        for variant, params in variants.items():
-            tps, count = await _engine_tps(engine, params)
+    order = list(variants)
+    for round_ in range(rounds):
+        # Rotate the order each round so no variant always runs first or last.
+        shift = round_ % len(order)
+        for variant in order[shift:] + order[:shift]:
+            tps, count = await _engine_tps(engine, variants[variant])
             results[variant].append(tps)
             counts.add(count)
         results["logits_all"].append(
@@ -105,13 +108,20 @@ async def bench_model(
     await engine.close()
     median = {k: statistics.median(v) for k, v in results.items()}
     token_s = 1 / median["plain"]
+
+    def cost(variant: str) -> float:
+        """Median over rounds of plain/variant speed, each pair run minutes apart at most:
+        the machine's drift between rounds cancels out of each ratio."""
+        pairs = zip(results["plain"], results[variant], strict=True)
+        return round(statistics.median(p / v for p, v in pairs) - 1, 4)
+
     return {
         "model": settings.model,
         "tokens_per_run": sorted(counts),
         "tokens_per_s": {k: round(v, 1) for k, v in median.items()},
-        "logprobs_cost": round(median["plain"] / median["logprobs"] - 1, 4),
-        "top5_cost": round(median["plain"] / median["top5"] - 1, 4),
-        "logits_all_slowdown": round(median["plain"] / median["logits_all"], 2),
+        "logprobs_cost": cost("logprobs"),
+        "top5_cost": cost("top5"),
+        "logits_all_slowdown": round(cost("logits_all") + 1, 2),
         "recorder_us_per_token": round(record_s[0] * 1e6, 1),
         "recorder_share_of_token_time": round(record_s[0] / token_s, 4),
         "top5_recorder_us_per_token": round(record_s[5] * 1e6, 1),

@@ -19,6 +19,12 @@ from engines.admission import Admission
 from engines.base import Delta, Generation, Prompt, Sample, SamplingParams, Timings
 
 
+def remaining(deadline: float | None) -> float | None:
+    """Seconds left until a ``time.monotonic()`` deadline (the event loop's own clock,
+    which uvloop keeps differently, is never compared with it)."""
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
 class SampleDone(msgspec.Struct, frozen=True):
     """The end of one sample's stream: the sample and what its prompt cost."""
 
@@ -57,7 +63,7 @@ class FanOutEngine(ABC):
         """
         queued = time.monotonic()
         try:
-            async with asyncio.timeout_at(deadline):
+            async with asyncio.timeout(remaining(deadline)):
                 await self._admission.acquire()
         except TimeoutError:
             return None

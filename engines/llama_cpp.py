@@ -242,7 +242,8 @@ class LlamaCppEngine(FanOutEngine):
             self._formatter = self._chat_formatter(self._idle[0].llm)
 
     async def close(self) -> None:
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        # Waits for samples still running; their callers are gone or finishing.
+        await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
         for worker in self._workers:
             worker.llm.close()
         self._workers = self._idle = []

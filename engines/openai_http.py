@@ -30,7 +30,7 @@ from engines.base import (
     TokenLogprob,
     TopLogprob,
 )
-from engines.fanout import FanOutEngine, SampleDone
+from engines.fanout import FanOutEngine, SampleDone, remaining
 from engines.settings import OpenAIHTTPSettings
 from engines.templates import CompletionTemplate
 
@@ -183,7 +183,7 @@ class OpenAIHTTPEngine(FanOutEngine):
             lines = response.aiter_lines()
             while True:
                 try:
-                    async with asyncio.timeout_at(deadline):
+                    async with asyncio.timeout(remaining(deadline)):
                         line = await anext(lines)
                 except StopAsyncIteration:
                     break

@@ -83,3 +83,12 @@ def test_config_check_command(tmp_path: Path) -> None:
     result = _check(tmp_path / "missing.yaml")
     assert result.returncode == 2
     assert "cannot read" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted((Path(__file__).parent.parent / "deploy" / "config").glob("*.yaml")),
+    ids=lambda p: p.name,
+)
+def test_shipped_example_configs_are_valid(path: Path) -> None:
+    load_config(path)
