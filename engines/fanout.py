@@ -32,6 +32,15 @@ class SampleDone(msgspec.Struct, frozen=True):
     prompt_tokens: int
 
 
+def _expired(index: int, waited_s: float) -> SampleDone:
+    """The empty sample of a request whose deadline passed while it was queued."""
+    timings = Timings(queue_s=waited_s, first_token_s=None, total_s=waited_s)
+    sample = Sample(
+        index=index, text="", finish_reason="deadline", completion_tokens=0, timings=timings
+    )
+    return SampleDone(sample, prompt_tokens=0)
+
+
 class FanOutEngine(ABC):
     """Base for backends that generate one sample at a time."""
 
@@ -42,9 +51,18 @@ class FanOutEngine(ABC):
 
     @abstractmethod
     def _sample(
-        self, prompt: Prompt, params: SamplingParams, index: int, deadline: float | None
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        index: int,
+        deadline: float | None,
+        queue_s: float,
     ) -> AsyncGenerator[Delta | SampleDone]:
-        """Stream one sample; ``params.seed`` is already this sample's own seed."""
+        """Stream one sample; ``params.seed`` is already this sample's own seed.
+
+        It is called holding one admission slot, and must release it
+        (``self._admission.release()``) once the backend's resources are free again.
+        """
 
     async def start(self) -> None:
         return None
@@ -57,10 +75,7 @@ class FanOutEngine(ABC):
         return self._admission.waiting
 
     async def _admit(self, deadline: float | None) -> float | None:
-        """Wait for a generation slot; the seconds waited, or None if the deadline came first.
-
-        The caller owns the slot on success and gives it back with ``_admission.release``.
-        """
+        """Wait for a generation slot; the seconds waited, or None if the deadline came first."""
         queued = time.monotonic()
         try:
             async with asyncio.timeout(remaining(deadline)):
@@ -68,18 +83,6 @@ class FanOutEngine(ABC):
         except TimeoutError:
             return None
         return time.monotonic() - queued
-
-    @staticmethod
-    def _expired(index: int, waited_since: float) -> SampleDone:
-        """The empty sample of a request whose deadline passed while it was queued."""
-        waited = time.monotonic() - waited_since
-        timings = Timings(queue_s=waited, first_token_s=None, total_s=waited)
-        return SampleDone(
-            Sample(
-                index=index, text="", finish_reason="deadline", completion_tokens=0, timings=timings
-            ),
-            prompt_tokens=0,
-        )
 
     def _deadline(self, deadline: float | None) -> float | None:
         if self.timeout_s is None:
@@ -98,7 +101,13 @@ class FanOutEngine(ABC):
             seed = None if params.seed is None else params.seed + index
             own = msgspec.structs.replace(params, seed=seed)
             try:
-                async with contextlib.aclosing(self._sample(prompt, own, index, deadline)) as it:
+                queued = time.monotonic()
+                queue_s = await self._admit(deadline)
+                if queue_s is None:
+                    merged.put_nowait(_expired(index, time.monotonic() - queued))
+                    return
+                sample = self._sample(prompt, own, index, deadline, queue_s)
+                async with contextlib.aclosing(sample) as it:
                     async for item in it:
                         merged.put_nowait(item)
             except Exception as exc:  # handed to the consumer, which re-raises it

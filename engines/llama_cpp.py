@@ -284,13 +284,13 @@ class LlamaCppEngine(FanOutEngine):
         return self._formatter(messages=_chat_dicts(prompt)).prompt, False, False  # type: ignore[arg-type]
 
     async def _sample(
-        self, prompt: Prompt, params: SamplingParams, index: int, deadline: float | None
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        index: int,
+        deadline: float | None,
+        queue_s: float,
     ) -> AsyncGenerator[Delta | SampleDone]:
-        queued = time.monotonic()
-        queue_s = await self._admit(deadline)
-        if queue_s is None:
-            yield self._expired(index, queued)
-            return
         worker = self._idle.pop()
         loop = asyncio.get_running_loop()
         deltas: asyncio.Queue[Delta | None] = asyncio.Queue()
@@ -308,6 +308,8 @@ class LlamaCppEngine(FanOutEngine):
             finally:
                 emit(None)
 
+        # The slot is free when the worker thread is, which for a cancelled sample is
+        # a token after this generator is gone.
         def release(finished: asyncio.Future[SampleDone]) -> None:
             self._idle.append(worker)
             self._admission.release()

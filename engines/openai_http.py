@@ -151,13 +151,13 @@ class OpenAIHTTPEngine(FanOutEngine):
         return "/chat/completions", body
 
     async def _sample(
-        self, prompt: Prompt, params: SamplingParams, index: int, deadline: float | None
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        index: int,
+        deadline: float | None,
+        queue_s: float,
     ) -> AsyncGenerator[Delta | SampleDone]:
-        queued = time.monotonic()
-        queue_s = await self._admit(deadline)
-        if queue_s is None:
-            yield self._expired(index, queued)
-            return
         try:
             async for item in self._request_stream(prompt, params, index, deadline, queue_s):
                 yield item

@@ -187,3 +187,21 @@ async def test_prompt_longer_than_context_is_refused(small_engine: LlamaCppEngin
     with pytest.raises(PromptTooLong) as caught:
         await small_engine.generate(huge, SamplingParams(max_tokens=4))
     assert caught.value.context_tokens == 2048
+
+
+async def test_deadline_while_queued_returns_empty_sample(small_engine: LlamaCppEngine) -> None:
+    """With the only slot busy, a request whose deadline passes in the queue still
+    gets an answer: empty, marked "deadline", without waiting for the slot."""
+    await _wait_idle(small_engine)
+    busy = asyncio.create_task(small_engine.generate(STORY, SamplingParams(max_tokens=300)))
+    while not small_engine.busy_slots:  # noqa: ASYNC110
+        await asyncio.sleep(0.001)
+    started = time.monotonic()
+    generation = await small_engine.generate(QUESTION, SamplingParams(), started + 0.2)
+    waited = time.monotonic() - started
+    busy.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await busy
+    sample = generation.samples[0]
+    assert (sample.text, sample.finish_reason, sample.completion_tokens) == ("", "deadline", 0)
+    assert 0.2 <= sample.timings.queue_s and waited < 0.2 + 0.1
