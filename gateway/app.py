@@ -16,8 +16,8 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.response import Stream
 from litestar.types import ASGIApp
 
-from gateway.chat import complete, open_stream, prepare
-from gateway.config import GatewayConfig
+from gateway.chat import ChatCall, complete, open_stream, prepare
+from gateway.config import AUTO_MODEL, GatewayConfig
 from gateway.errors import EXCEPTION_HANDLERS, APIError
 from gateway.openai_types import (
     ChatCompletion,
@@ -27,6 +27,7 @@ from gateway.openai_types import (
     ModelList,
 )
 from gateway.runtime import Runtime
+from router.router import RouteDecision
 
 _CHAT_RESPONSES_DOC = "A chat completion, or with `stream: true` a text/event-stream of chunks."
 
@@ -59,24 +60,57 @@ async def chat_completions(
     data: ChatCompletionRequest, state: State, request: Request[Any, Any, Any]
 ) -> ASGIApp:
     runtime = _runtime(state)
-    call = prepare(data, runtime.engines, runtime.config.server)
+    call = await prepare(data, runtime.engines, runtime.config.server, runtime.route)
+    headers = _trace_headers(call)
     if not data.stream:
         completion, engine_s = await complete(call)
         # Server-Timing lets a client tell the engine's time from the gateway's own.
-        timing = {"Server-Timing": f"engine;dur={engine_s * 1000:.3f}"}
+        headers["Server-Timing"] = f"engine;dur={engine_s * 1000:.3f}"
         response = Response(
-            msgspec.json.encode(completion), media_type="application/json", headers=timing
+            msgspec.json.encode(completion), media_type="application/json", headers=headers
         )
         return response.to_asgi_response(None, request)
     body = await open_stream(call)
-    stream = Stream(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    headers["Cache-Control"] = "no-cache"
+    stream = Stream(body, media_type="text/event-stream", headers=headers)
     return stream.to_asgi_response(None, request)
+
+
+def _trace_headers(call: ChatCall) -> dict[str, str]:
+    """Which engine answered, and for routed requests why."""
+    headers = {"x-satisfice-engine": call.engine.name}
+    if call.decision is not None:
+        headers["x-satisfice-route"] = call.decision.tier
+        headers["x-satisfice-difficulty"] = f"{call.decision.score:.4f}"
+    return headers
+
+
+@post(
+    "/v1/route",
+    status_code=200,
+    description="The routing decision for a chat request, explained, without generating.",
+    responses={
+        404: ResponseSpec(ErrorResponse, description="Routing is turned off"),
+        503: ResponseSpec(ErrorResponse, description="Not ready"),
+    },
+)
+async def route(data: ChatCompletionRequest, state: State) -> RouteDecision:
+    runtime = _runtime(state)
+    call = await prepare(
+        msgspec.structs.replace(data, model=AUTO_MODEL),
+        runtime.engines,
+        runtime.config.server,
+        runtime.route,
+    )
+    assert call.decision is not None
+    return call.decision
 
 
 @get("/v1/models")
 async def list_models(state: State) -> ModelList:
     runtime: Runtime = state.runtime
-    return ModelList([Model(name, state.started_at) for name in runtime.engines])
+    names = [*runtime.engines, *([AUTO_MODEL] if runtime.router else [])]
+    return ModelList([Model(name, state.started_at) for name in names])
 
 
 @get("/healthz")
@@ -111,7 +145,7 @@ def create_app(config: GatewayConfig) -> Litestar:
             await runtime.close()
 
     return Litestar(
-        route_handlers=[chat_completions, list_models, healthz, readyz],
+        route_handlers=[chat_completions, route, list_models, healthz, readyz],
         state=State({"runtime": runtime, "started_at": int(time.time())}),
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 import msgspec
 
@@ -37,6 +37,9 @@ from gateway.openai_types import (
     Usage,
     encode_sse,
 )
+from router.router import RouteDecision
+
+Route = Callable[[Sequence[Message]], Awaitable[RouteDecision | None]]
 
 
 class ChatCall(msgspec.Struct, frozen=True, kw_only=True):
@@ -46,23 +49,20 @@ class ChatCall(msgspec.Struct, frozen=True, kw_only=True):
     created: int
     model: str
     engine: Engine
+    decision: RouteDecision | None
     messages: tuple[Message, ...]
     params: SamplingParams
     include_usage: bool
 
 
-def prepare(
-    request: ChatCompletionRequest, engines: Mapping[str, Engine], limits: ServerSettings
+async def prepare(
+    request: ChatCompletionRequest,
+    engines: Mapping[str, Engine],
+    limits: ServerSettings,
+    route: Route,
 ) -> ChatCall:
-    engine = engines.get(request.model)
-    if engine is None:
-        hint = " (the router is not configured yet)" if request.model == AUTO_MODEL else ""
-        raise APIError(
-            404,
-            f"model {request.model!r} does not exist{hint}; available: {', '.join(engines)}",
-            param="model",
-            code="model_not_found",
-        )
+    if request.model != AUTO_MODEL and request.model not in engines:
+        raise _unknown_model(request.model, engines)
     if len(request.messages) > limits.max_messages:
         raise APIError(
             400,
@@ -82,6 +82,13 @@ def prepare(
         raise APIError(400, f"n is {n}; this gateway allows at most {limits.max_n}", param="n")
     if request.top_logprobs and not request.logprobs:
         raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
+    messages = _messages(request.messages)
+    decision = None
+    if request.model == AUTO_MODEL:
+        decision = await route(messages)
+        if decision is None:
+            raise _unknown_model(request.model, engines, " (routing is turned off in this config)")
+    engine = engines[decision.engine if decision else request.model]
     stop = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
     params = SamplingParams(
         max_tokens=max_tokens,
@@ -100,9 +107,19 @@ def prepare(
         created=int(time.time()),
         model=request.model,
         engine=engine,
-        messages=_messages(request.messages),
+        decision=decision,
+        messages=messages,
         params=params,
         include_usage=bool(request.stream_options and request.stream_options.include_usage),
+    )
+
+
+def _unknown_model(model: str, engines: Mapping[str, Engine], hint: str = "") -> APIError:
+    return APIError(
+        404,
+        f"model {model!r} does not exist{hint}; available: {', '.join(engines)}",
+        param="model",
+        code="model_not_found",
     )
 
 

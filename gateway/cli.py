@@ -9,6 +9,9 @@ import sys
 import msgspec
 
 from gateway.config import ConfigError, GatewayConfig, load_config
+from gateway.router_commands import add_commands
+from router.model_file import RouterFileError
+from router.outcomes import OutcomeError
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -58,6 +61,8 @@ def _parser() -> argparse.ArgumentParser:
     check = config_commands.add_parser("check", help="validate a config file without serving")
     check.add_argument("file")
     check.set_defaults(run=_config_check)
+
+    add_commands(commands)
     return parser
 
 
@@ -67,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         code: int = args.run(args)
     except ConfigError as exc:
         print(f"invalid config: {exc}", file=sys.stderr)
+        return 2
+    except (OutcomeError, RouterFileError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     return code
 

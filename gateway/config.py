@@ -17,6 +17,7 @@ import msgspec
 import yaml
 
 from engines.settings import EngineSettings
+from router.settings import RouterSettings
 
 # Clients send this name to let the router pick the engine (once the router exists).
 AUTO_MODEL = "auto"
@@ -42,12 +43,18 @@ class GatewayConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     models_dir: str = "~/.cache/satisfice/models"
     # Model names clients may ask for, each served by one engine.
     engines: dict[str, EngineSettings]
+    # Routes the model name "auto" to a tier by difficulty; null turns routing off.
+    router: RouterSettings | None = RouterSettings()
 
     def __post_init__(self) -> None:
         if not self.engines:
             raise ValueError("at least one engine is required")
         if AUTO_MODEL in self.engines:
             raise ValueError(f"engines.{AUTO_MODEL}: the name is reserved for routed requests")
+        if self.router is not None:
+            for tier in (self.router.small_engine, self.router.large_engine):
+                if tier not in self.engines:
+                    raise ValueError(f"router: engine {tier!r} is not configured under engines")
         if self.server.default_max_tokens > self.server.max_tokens_cap:
             raise ValueError("server.default_max_tokens must not exceed server.max_tokens_cap")
 

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from engines import Engine, create_engine
+from engines.base import Message
 from gateway.config import GatewayConfig
+from router.embedder import Embedder
+from router.router import RouteDecision, Router
 
 log = logging.getLogger("satisfice.gateway")
 
 
 class Runtime:
-    """Engines by model name; ready once every engine has loaded."""
+    """Engines by model name, and the router; ready once everything has loaded."""
 
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
@@ -22,12 +27,23 @@ class Runtime:
             name: create_engine(name, settings, models_dir)
             for name, settings in config.engines.items()
         }
+        self.embedder = Embedder(config.router.embedder) if config.router else None
+        self.router = (
+            Router(config.router, self.embedder) if config.router and self.embedder else None
+        )
         self.ready = False
         self.failure: str | None = None
 
+    async def _start_router(self) -> None:
+        if self.embedder is not None and self.router is not None:
+            await self.embedder.start()
+            await self.router.start()
+
     async def start(self) -> None:
         try:
-            await asyncio.gather(*(engine.start() for engine in self.engines.values()))
+            await asyncio.gather(
+                self._start_router(), *(engine.start() for engine in self.engines.values())
+            )
         except Exception as exc:
             self.failure = f"{type(exc).__name__}: {exc}"
             log.exception("engines failed to start")
@@ -37,4 +53,22 @@ class Runtime:
 
     async def close(self) -> None:
         self.ready = False
-        await asyncio.gather(*(engine.close() for engine in self.engines.values()))
+        closing = [engine.close() for engine in self.engines.values()]
+        if self.embedder is not None:
+            closing.append(self.embedder.close())
+        await asyncio.gather(*closing)
+
+    async def route(self, messages: Sequence[Message]) -> RouteDecision | None:
+        """Where a routed request goes; None when this config has no router.
+
+        The embedding is computed once here, from the last user turn, which is what
+        the request is asking now.
+        """
+        if self.router is None or self.embedder is None:
+            return None
+        text = next(
+            (m.content for m in reversed(messages) if m.role == "user"), messages[-1].content
+        )
+        started = time.perf_counter()
+        vector = await self.embedder.embed(text)
+        return await self.router.decide(text, vector, (time.perf_counter() - started) * 1000)

@@ -19,7 +19,7 @@ def client(gateway_url: str) -> openai.OpenAI:
 
 
 def test_lists_models(client: openai.OpenAI) -> None:
-    assert [m.id for m in client.models.list()] == ["small", "large"]
+    assert [m.id for m in client.models.list()] == ["small", "large", "auto"]
 
 
 def test_chat_completion_with_every_parameter(client: openai.OpenAI) -> None:
@@ -161,3 +161,44 @@ def test_client_disconnect_stops_generation(gateway_url: str) -> None:
     )
     assert follow_up.status_code == 200
     assert time.monotonic() - started < 2.0
+
+
+def test_auto_routes_by_difficulty_and_says_so(client: openai.OpenAI) -> None:
+    assert "auto" in [m.id for m in client.models.list()]
+    raw = client.chat.completions.with_raw_response.create(
+        model="auto", messages=HELLO, max_tokens=4, temperature=0
+    )
+    completion = raw.parse()
+    assert completion.model == "auto"
+    tier = raw.headers["x-satisfice-route"]
+    assert tier in ("small", "large")
+    assert raw.headers["x-satisfice-engine"] == tier  # the default config names engines by tier
+    assert 0.0 <= float(raw.headers["x-satisfice-difficulty"]) <= 1.0
+
+
+def test_route_explains_without_generating(gateway_url: str) -> None:
+    easy = httpx.post(f"{gateway_url}/v1/route", json={"model": "auto", "messages": HELLO})
+    assert easy.status_code == 200
+    decision = easy.json()
+    assert decision["tier"] in ("small", "large")
+    assert decision["engine"] == decision["tier"]
+    assert 0.0 <= decision["score"] <= 1.0
+    assert decision["tier"] == ("large" if decision["score"] >= decision["threshold"] else "small")
+    assert decision["embedding_ms"] > 0 and decision["scoring_ms"] > 0
+    for neighbour in decision["neighbours"]:
+        assert set(neighbour) == {"prompt", "similarity", "label"}
+    hard = httpx.post(
+        f"{gateway_url}/v1/route",
+        json={
+            "model": "auto",
+            "messages": [
+                {
+                    "role": "user",
+                    "content": "A store sells pens at $1.25 each and notebooks at $3.40 each. "
+                    "Maria buys 14 pens and 6 notebooks, pays with a $50 bill and gets a 15% "
+                    "discount on notebooks. How much change does she get?",
+                }
+            ],
+        },
+    ).json()
+    assert hard["score"] > decision["score"]

