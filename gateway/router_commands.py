@@ -13,6 +13,7 @@ from typing import BinaryIO
 
 import msgspec
 import numpy as np
+import numpy.typing as npt
 
 from engines import create_engine
 from engines.base import Message, SamplingParams
@@ -108,7 +109,7 @@ def router_calibrate(args: argparse.Namespace) -> int:
 
 def cross_validated_scores(
     kind: Kind, outcomes: Sequence[Outcome], vectors: Vectors, folds: int, seed: int, k: int
-) -> np.ndarray:
+) -> npt.NDArray[np.float64]:
     """Each prompt scored by a router fitted on the other folds only."""
     order = np.random.default_rng(seed).permutation(len(outcomes))
     scores = np.zeros(len(outcomes))
@@ -121,40 +122,43 @@ def cross_validated_scores(
 
 
 def router_eval(args: argparse.Namespace) -> int:
-    from router.metrics import evaluate
+    from router.metrics import RoutingReport, evaluate
 
     settings = _router_settings(load_config(args.config))
     outcomes = _load_outcomes(args.outcomes, args.skip_bad)
     vectors, _ = _embed(settings, [o.prompt for o in outcomes])
-    scores = cross_validated_scores(args.kind, outcomes, vectors, args.folds, args.seed, args.k)
     small = np.array([o.small for o in outcomes])
     large = np.array([o.large for o in outcomes])
-    report = evaluate(scores, small, large)
-    summary = {
-        "outcomes": len(outcomes),
-        "kind": args.kind,
-        "folds": args.folds,
-        **{
-            name: getattr(report, name)
-            for name in (
-                "cpt50",
-                "cpt80",
-                "apgr",
-                "auc",
-                "roc_auc",
-                "random_apgr",
-                "small_accuracy",
-                "large_accuracy",
-            )
-        },
-    }
+    reports: dict[str, RoutingReport] = {}
+    summaries = []
+    for kind in args.kind:
+        scores = cross_validated_scores(kind, outcomes, vectors, args.folds, args.seed, args.k)
+        report = reports[kind] = evaluate(scores, small, large)
+        summaries.append(
+            {"outcomes": len(outcomes), "kind": kind, "folds": args.folds}
+            | {name: getattr(report, name) for name in _SUMMARY}
+        )
     if args.plot:
         from router.plots import plot_quality_curve
 
-        plot_quality_curve(report, args.plot, title=f"{Path(args.outcomes).name}, {args.kind}")
-        summary["plot"] = str(args.plot)
-    print(json.dumps(summary) if args.json else "\n".join(f"{k}: {v}" for k, v in summary.items()))
+        plot_quality_curve(reports, args.plot, title=Path(args.outcomes).name)
+    for summary in summaries:
+        print(
+            json.dumps(summary) if args.json else "\n".join(f"{k}: {v}" for k, v in summary.items())
+        )
     return 0
+
+
+_SUMMARY = (
+    "cpt50",
+    "cpt80",
+    "apgr",
+    "auc",
+    "roc_auc",
+    "random_apgr",
+    "small_accuracy",
+    "large_accuracy",
+)
 
 
 def eval_collect(args: argparse.Namespace) -> int:
@@ -209,7 +213,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     fit_.add_argument("--outcomes", required=True)
     fit_.add_argument("--out", required=True)
     fit_.add_argument("--kind", choices=["knn", "logistic"], default="logistic")
-    fit_.add_argument("--k", type=int, default=20, help="neighbours for knn")
+    fit_.add_argument("--k", type=int, default=100, help="neighbours for knn")
     common(fit_)
     fit_.set_defaults(run=router_fit)
 
@@ -226,8 +230,14 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     ev = sub.add_parser("eval", help="cross-validate a router on outcome data")
     ev.add_argument("--outcomes", required=True)
     ev.add_argument("--folds", type=int, default=5)
-    ev.add_argument("--kind", choices=["knn", "logistic"], default="logistic")
-    ev.add_argument("--k", type=int, default=20)
+    ev.add_argument(
+        "--kind",
+        choices=["knn", "logistic"],
+        nargs="+",
+        default=["logistic"],
+        help="one or more scorers, each cross-validated on the same folds",
+    )
+    ev.add_argument("--k", type=int, default=100)
     ev.add_argument("--seed", type=int, default=0)
     ev.add_argument("--json", action="store_true")
     ev.add_argument("--plot", help="write quality vs %% large calls to this PNG")

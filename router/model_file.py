@@ -28,22 +28,24 @@ class _Header(msgspec.Struct, frozen=True, kw_only=True):
     threshold: Annotated[float, msgspec.Meta(ge=0.0)] = 0.5
     # Where the outcomes came from, for whoever wonders what the router learned.
     trained_on: str = ""
-
-
-class KNNModel(_Header, tag="knn", tag_field="kind", frozen=True, kw_only=True):
-    """Similarity-weighted k nearest labelled examples."""
-
-    k: Annotated[int, msgspec.Meta(ge=1)] = 20
-    # Softmax temperature over similarities: lower trusts the closest examples more.
-    temperature: Annotated[float, msgspec.Meta(gt=0.0)] = 0.05
+    # The labelled examples: the kNN scorer scores with them, every scorer explains
+    # its decisions with the nearest ones.
     prompts: list[str]
     labels: list[float]  # per example: how much the large model was needed, in [0, 1]
     vectors: bytes  # float16, row-major (len(prompts), dim)
 
     def matrix(self) -> Vectors:
-        return (
-            np.frombuffer(self.vectors, dtype=np.float16).reshape(-1, self.dim).astype(np.float32)
-        )
+        rows = np.frombuffer(self.vectors, dtype=np.float16).reshape(-1, self.dim)
+        return rows.astype(np.float32)
+
+
+class KNNModel(_Header, tag="knn", tag_field="kind", frozen=True, kw_only=True):
+    """Similarity-weighted k nearest labelled examples."""
+
+    # Defaults chosen by cross-validation on the RouteLLM MMLU and GSM8K outcome sets.
+    k: Annotated[int, msgspec.Meta(ge=1)] = 100
+    # Softmax temperature over similarities: lower trusts the closest examples more.
+    temperature: Annotated[float, msgspec.Meta(gt=0.0)] = 0.1
 
 
 class LogisticModel(_Header, tag="logistic", tag_field="kind", frozen=True, kw_only=True):
@@ -87,16 +89,15 @@ def read_router(path: str | Path, *, embedding: str | None = None) -> RouterMode
 
 
 def _check_shapes(model: RouterModel, path: str | Path) -> None:
-    if isinstance(model, KNNModel):
-        rows = len(model.vectors) // (2 * model.dim)
-        if rows * 2 * model.dim != len(model.vectors) or not (
-            rows == len(model.prompts) == len(model.labels)
-        ):
-            raise RouterFileError(
-                f"{path}: corrupt: {len(model.prompts)} prompts, {len(model.labels)} labels "
-                f"and {len(model.vectors)} bytes of {model.dim}-dim vectors do not agree"
-            )
-    elif not (
+    rows = len(model.vectors) // (2 * model.dim)
+    if rows * 2 * model.dim != len(model.vectors) or not (
+        rows == len(model.prompts) == len(model.labels)
+    ):
+        raise RouterFileError(
+            f"{path}: corrupt: {len(model.prompts)} prompts, {len(model.labels)} labels "
+            f"and {len(model.vectors)} bytes of {model.dim}-dim vectors do not agree"
+        )
+    if isinstance(model, LogisticModel) and not (
         len(model.weights) - model.dim == len(model.feature_mean) == len(model.feature_scale) > 0
     ):
         raise RouterFileError(

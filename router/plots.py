@@ -7,19 +7,21 @@ from pathlib import Path
 from router.metrics import RoutingReport
 
 
-def plot_quality_curve(report: RoutingReport, path: str | Path, *, title: str) -> None:
+def plot_quality_curve(reports: dict[str, RoutingReport], path: str | Path, *, title: str) -> None:
+    """One curve per router; the reports must come from the same outcome data."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(7, 4.5))
-    axes.plot(
-        [p.large_pct for p in report.curve],
-        [p.accuracy for p in report.curve],
-        marker=".",
-        label=f"router (APGR {report.apgr:.3f})",
-    )
+    for name, report in reports.items():
+        axes.plot(
+            [p.large_pct for p in report.curve],
+            [p.accuracy for p in report.curve],
+            marker=".",
+            label=f"{name} (APGR {report.apgr:.3f})",
+        )
     # A random router's expected quality is the straight line between the two models.
     axes.plot(
         [0, 100],

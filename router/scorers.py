@@ -34,7 +34,7 @@ class Scorer(Protocol):
         ...
 
     def neighbours(self, vector: Vectors, k: int) -> list[Neighbour]:
-        """The labelled examples nearest to one prompt (empty for models without any)."""
+        """The labelled examples nearest to one prompt."""
         ...
 
 
@@ -46,14 +46,31 @@ def need_for_large(outcome: Outcome) -> float:
     return max(0.0, outcome.large - outcome.small)
 
 
-class KNNScorer:
-    def __init__(self, model: KNNModel, *, hnsw_above: int = 20_000) -> None:
-        self._k = model.k
-        self._temperature = model.temperature
+class _Examples:
+    """The model file's labelled examples, searchable by similarity."""
+
+    def __init__(self, model: RouterModel, hnsw_above: int) -> None:
         self._prompts = model.prompts
         self._labels = np.asarray(model.labels, dtype=np.float64)
         self._index = VectorIndex(model.dim, hnsw_above=hnsw_above)
         self._index.add(np.arange(len(model.prompts)), model.matrix())
+
+    def neighbours(self, vector: Vectors, k: int) -> list[Neighbour]:
+        if k == 0:
+            return []
+        similarities, ids = self._index.search(vector, k)
+        return [
+            Neighbour(self._prompts[i], float(s), float(self._labels[i]))
+            for s, i in zip(similarities[0], ids[0], strict=True)
+            if i >= 0
+        ]
+
+
+class KNNScorer(_Examples):
+    def __init__(self, model: KNNModel, *, hnsw_above: int = 20_000) -> None:
+        super().__init__(model, hnsw_above)
+        self._k = model.k
+        self._temperature = model.temperature
 
     def score(self, vectors: Vectors, prompts: Sequence[str]) -> Scores:
         similarities, ids = self._index.search(vectors, self._k)
@@ -66,17 +83,10 @@ class KNNScorer:
         scores: Scores = (weights * labels).sum(axis=1) / weights.sum(axis=1)
         return scores
 
-    def neighbours(self, vector: Vectors, k: int) -> list[Neighbour]:
-        similarities, ids = self._index.search(vector, k)
-        return [
-            Neighbour(self._prompts[i], float(s), float(self._labels[i]))
-            for s, i in zip(similarities[0], ids[0], strict=True)
-            if i >= 0
-        ]
 
-
-class LogisticScorer:
-    def __init__(self, model: LogisticModel) -> None:
+class LogisticScorer(_Examples):
+    def __init__(self, model: LogisticModel, *, hnsw_above: int = 20_000) -> None:
+        super().__init__(model, hnsw_above)
         self._weights = np.asarray(model.weights, dtype=np.float64)
         self._bias = model.bias
         self._mean = np.asarray(model.feature_mean)
@@ -87,9 +97,6 @@ class LogisticScorer:
         inputs = np.hstack([vectors.reshape(len(features), -1), features])
         scores: Scores = 1.0 / (1.0 + np.exp(-(inputs @ self._weights + self._bias)))
         return scores
-
-    def neighbours(self, vector: Vectors, k: int) -> list[Neighbour]:
-        return []
 
 
 def scorer_for(model: RouterModel) -> Scorer:
@@ -107,36 +114,32 @@ def fit(
     vectors: Vectors,
     *,
     embedding: str,
-    k: int = 20,
-    temperature: float = 0.05,
+    k: int = 100,
+    temperature: float = 0.1,
     trained_on: str = "",
 ) -> RouterModel:
     labels = np.array([need_for_large(o) for o in outcomes], dtype=np.float64)
-    dim = int(vectors.shape[1])
+    examples = {
+        "embedding": embedding,
+        "dim": int(vectors.shape[1]),
+        "prompts": [o.prompt for o in outcomes],
+        "labels": labels.tolist(),
+        "vectors": np.ascontiguousarray(vectors, dtype=np.float16).tobytes(),
+        "trained_on": trained_on,
+    }
     if kind == "knn":
-        return KNNModel(
-            embedding=embedding,
-            dim=dim,
-            k=k,
-            temperature=temperature,
-            prompts=[o.prompt for o in outcomes],
-            labels=labels.tolist(),
-            vectors=np.ascontiguousarray(vectors, dtype=np.float16).tobytes(),
-            trained_on=trained_on,
-        )
+        return KNNModel(k=k, temperature=temperature, **examples)
     features = text_features([o.prompt for o in outcomes])
     mean, scale = features.mean(axis=0), features.std(axis=0)
     scale[scale == 0] = 1.0
     inputs = np.hstack([vectors, (features - mean) / scale])
     weights, bias = _logistic(inputs, labels)
     return LogisticModel(
-        embedding=embedding,
-        dim=dim,
         weights=weights,
         bias=bias,
         feature_mean=mean.tolist(),
         feature_scale=scale.tolist(),
-        trained_on=trained_on,
+        **examples,
     )
 
 
