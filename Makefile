@@ -44,4 +44,4 @@ default-router: $(STAMP)
 	mkdir -p $(OUT)
 	$(BIN)/python bench/convert_datasets.py --data $(DATA) --per-source 50 --out $(OUT)/questions.jsonl
 	$(BIN)/satisfice eval collect --dataset $(OUT)/questions.jsonl --max-tokens 32 --out $(OUT)/bundled_outcomes.jsonl
-	$(BIN)/satisfice router fit --outcomes $(OUT)/bundled_outcomes.jsonl --out router/data/default.router
+	$(BIN)/satisfice router fit --kind knn --outcomes $(OUT)/bundled_outcomes.jsonl --out router/data/default.router

@@ -43,8 +43,8 @@ class GatewayConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     models_dir: str = "~/.cache/satisfice/models"
     # Model names clients may ask for, each served by one engine.
     engines: dict[str, EngineSettings]
-    # Routes the model name "auto" to a tier by difficulty; null turns routing off.
-    router: RouterSettings | None = RouterSettings()
+    # Routes the model name "auto" to a tier by difficulty; without it, no "auto".
+    router: RouterSettings | None = None
 
     def __post_init__(self) -> None:
         if not self.engines:

@@ -86,6 +86,7 @@ async def large_engine(
 
 
 GATEWAY_CONFIG = """
+router: {}
 server:
   max_body_bytes: 65536
   max_tokens_cap: 512

@@ -28,6 +28,7 @@ def test_embedded_default_serves_both_bundled_models() -> None:
     assert isinstance(large, LlamaCppSettings)
     assert isinstance(large.template, CompletionTemplate)
     assert large.template.preamble.startswith("Question:")
+    assert config.router is not None and config.router.model_file == "bundled"
 
 
 @pytest.mark.parametrize(
@@ -47,6 +48,8 @@ def test_embedded_default_serves_both_bundled_models() -> None:
             BASE + "  remote:\n    backend: openai_http\n    model: m\n",
             "engines.remote: Object missing required field `base_url`",
         ),
+        (BASE + "router: {}\n", "router: engine 'large' is not configured"),
+        (BASE + "router:\n  threshold: -1\n", "router.threshold = -1: Expected `float` >= 0.0"),
         ("engines: [1\n", "not valid YAML"),
         ("- 1\n", "expected a mapping"),
     ],
