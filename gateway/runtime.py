@@ -70,5 +70,5 @@ class Runtime:
             (m.content for m in reversed(messages) if m.role == "user"), messages[-1].content
         )
         started = time.perf_counter()
-        vector = await self.embedder.embed(text)
-        return await self.router.decide(text, vector, (time.perf_counter() - started) * 1000)
+        embedding = await self.embedder.embed(text)
+        return await self.router.decide(text, embedding, (time.perf_counter() - started) * 1000)

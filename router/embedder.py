@@ -24,6 +24,14 @@ Vectors = npt.NDArray[np.float32]
 BUNDLED_EMBEDDER = "all-minilm-l6-v2"
 
 
+class Embedding(msgspec.Struct, frozen=True):
+    """A prompt's vector and the fingerprint of the model that made it: vectors of
+    different models live in different spaces and must never be compared."""
+
+    vector: Vectors
+    model: str
+
+
 class EmbedderSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     # The bundled model's name, or a path to a sentence-transformers model folder.
     model: str = BUNDLED_EMBEDDER
@@ -101,13 +109,13 @@ class Embedder:
         )
         return np.ascontiguousarray(vectors, dtype=np.float32)
 
-    async def embed(self, text: str) -> Vectors:
-        """One prompt's vector, batched with whatever else is waiting."""
+    async def embed(self, text: str) -> Embedding:
+        """One prompt's embedding, batched with whatever else is waiting."""
         future: asyncio.Future[Vectors] = asyncio.get_running_loop().create_future()
         self._pending.append((text, future))
         if not self._busy:
             self._dispatch()
-        return await future
+        return Embedding(await future, self.fingerprint)
 
     def _dispatch(self) -> None:
         batch = self._pending[: self.settings.max_batch]

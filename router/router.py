@@ -10,7 +10,7 @@ from typing import Literal
 
 import msgspec
 
-from router.embedder import Embedder, Vectors
+from router.embedder import Embedder, Embedding, Vectors
 from router.model_file import RouterModel, read_router
 from router.scorers import Neighbour, Scorer, scorer_for
 from router.settings import BUNDLED_ROUTER, RouterSettings
@@ -56,11 +56,17 @@ class Router:
         assert self.model is not None, "router is not started"
         return self.model.threshold
 
-    async def decide(self, prompt: str, vector: Vectors, embedding_ms: float) -> RouteDecision:
+    async def decide(self, prompt: str, embedding: Embedding, embedding_ms: float) -> RouteDecision:
         """Route one prompt whose embedding the caller already has."""
+        assert self.model is not None, "router is not started"
+        if embedding.model != self.model.embedding:
+            raise ValueError(
+                f"embedding from {embedding.model!r}; the router was fitted on "
+                f"{self.model.embedding!r}"
+            )
         started = time.perf_counter()
         # FAISS search is blocking work; it stays off the event loop.
-        score, neighbours = await asyncio.to_thread(self._score, prompt, vector)
+        score, neighbours = await asyncio.to_thread(self._score, prompt, embedding.vector)
         tier: Tier = "large" if score >= self.threshold else "small"
         return RouteDecision(
             tier=tier,

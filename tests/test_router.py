@@ -11,11 +11,13 @@ import numpy as np
 import pytest
 
 from router import calibrate
-from router.embedder import Embedder, EmbedderSettings
+from router.embedder import Embedder, EmbedderSettings, Embedding
 from router.index import VectorIndex
 from router.model_file import RouterFileError, read_router, write_router
 from router.outcomes import Outcome, OutcomeError, read_outcomes
+from router.router import Router
 from router.scorers import fit, scorer_for
+from router.settings import RouterSettings
 
 EASY = ["What is 2+2?", "Say hello.", "What colour is the sky?", "Name a fruit."]
 HARD = [
@@ -39,7 +41,9 @@ def outcomes() -> list[Outcome]:
 
 
 async def test_embeddings_are_normalised_and_fingerprinted(embedder: Embedder) -> None:
-    vector = await embedder.embed("What is the capital of France?")
+    embedding = await embedder.embed("What is the capital of France?")
+    assert embedding.model == embedder.fingerprint
+    vector = embedding.vector
     assert vector.shape == (384,) and vector.dtype == np.float32
     assert np.linalg.norm(vector) == pytest.approx(1.0, abs=1e-5)
     assert embedder.fingerprint.startswith("all-minilm-l6-v2:")
@@ -49,9 +53,10 @@ async def test_concurrent_embeds_batch_and_match_single_encoding(embedder: Embed
     texts = [f"question number {i} about the weather" for i in range(40)]
     together = await asyncio.gather(*(embedder.embed(t) for t in texts))
     alone = embedder.encode(texts)
-    assert np.allclose(np.stack(together), alone, atol=1e-5)
-    similar = float(together[0] @ together[1])
-    different = float(together[0] @ (await embedder.embed("Bake bread with yeast.")))
+    vectors = np.stack([e.vector for e in together])
+    assert np.allclose(vectors, alone, atol=1e-5)
+    similar = float(vectors[0] @ vectors[1])
+    different = float(vectors[0] @ (await embedder.embed("Bake bread with yeast.")).vector)
     assert similar > different
 
 
@@ -149,3 +154,22 @@ def test_calibration_by_traffic_share_and_by_quality() -> None:
     assert (cheapest.threshold, cheapest.large_fraction, cheapest.quality) == (0.8, 0.4, 0.8)
     with pytest.raises(ValueError, match="no threshold reaches"):
         calibrate.for_quality(scores, data, 0.95)
+
+
+async def test_router_decides_and_refuses_foreign_vectors(
+    embedder: Embedder, tmp_path: Path
+) -> None:
+    data = outcomes()
+    model = fit(
+        "knn", data, embedder.encode([o.prompt for o in data]), embedding=embedder.fingerprint, k=3
+    )
+    write_router(msgspec.structs.replace(model, threshold=0.5), tmp_path / "r.router")
+    router = Router(RouterSettings(model_file=str(tmp_path / "r.router")), embedder)
+    await router.start()
+    prompt = "Prove that the square root of 2 is irrational, step by step."
+    decision = await router.decide(prompt, await embedder.embed(prompt), 1.0)
+    assert decision.tier == ("large" if decision.score >= 0.5 else "small")
+    assert decision.engine == decision.tier and len(decision.neighbours) == 5
+    foreign = Embedding(np.zeros(384, dtype=np.float32), "other-model:1")
+    with pytest.raises(ValueError, match="other-model:1"):
+        await router.decide(prompt, foreign, 1.0)
