@@ -13,7 +13,7 @@ import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 import msgspec
 import numpy as np
@@ -35,7 +35,6 @@ class Embedding(msgspec.Struct, frozen=True):
 class EmbedderSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     # The bundled model's name, or a path to a sentence-transformers model folder.
     model: str = BUNDLED_EMBEDDER
-    backend: Literal["torch", "onnx"] = "torch"
     # The most prompts encoded in one call; more wait for the next batch.
     max_batch: Annotated[int, msgspec.Meta(ge=1)] = 64
     threads: Annotated[int, msgspec.Meta(ge=1)] = 1
@@ -88,7 +87,7 @@ class Embedder:
 
         torch.set_num_threads(self.settings.threads)
         model_dir = bundled_model_dir(self.settings.model)
-        model = SentenceTransformer(str(model_dir), device="cpu", backend=self.settings.backend)
+        model = SentenceTransformer(str(model_dir), device="cpu")
         self._model = model
         self.dim = int(model.get_embedding_dimension() or 0)
         self.fingerprint = model_fingerprint(self.settings.model, model_dir)

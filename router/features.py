@@ -1,8 +1,9 @@
 """Surface features of a prompt's text that an embedding does not carry well.
 
 Sentence embeddings say what a prompt is about; how hard it is also shows in how
-long it is and how many quantities it juggles (a word problem with six numbers
-takes more steps than one with two). The logistic scorer uses both.
+long it is, how many quantities it juggles and how many operations its words ask
+for (a word problem with six numbers and "each ... per ... twice" takes more steps
+than one with two numbers). The logistic scorer uses both.
 """
 
 from __future__ import annotations
@@ -22,9 +23,19 @@ FEATURES = (
     "percent_or_currency",
     "log_largest_number",
     "decimals",
+    "log_operation_words",
+    "commas",
+    "log_capitalised_words",
 )
 
 _NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+# Words that each stand for a step of arithmetic in a word problem.
+_OPERATION = re.compile(
+    r"\b(each|per|every|times|twice|half|percent|total|remaining|left|more than|less than"
+    r"|fewer|average|ratio|fraction|third|quarter|double|triple)\b",
+    re.IGNORECASE,
+)
+_CAPITALISED = re.compile(r"\b[A-Z][a-z]+")
 
 
 def text_features(prompts: Sequence[str]) -> npt.NDArray[np.float64]:
@@ -41,6 +52,9 @@ def text_features(prompts: Sequence[str]) -> npt.NDArray[np.float64]:
                 prompt.count("%") + prompt.count("$"),
                 np.log1p(max(numbers, default=0.0)),
                 sum(1 for n in numbers if n != int(n)),
+                np.log1p(len(_OPERATION.findall(prompt))),
+                prompt.count(","),
+                np.log1p(len(_CAPITALISED.findall(prompt))),
             ]
         )
     return np.array(rows, dtype=np.float64).reshape(-1, len(FEATURES))
