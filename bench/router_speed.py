@@ -28,10 +28,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from router.embedder import Embedder, EmbedderSettings  # noqa: E402
+from router.embedder import Embedder, EmbedderSettings, Vectors  # noqa: E402
 from router.model_file import KNNModel  # noqa: E402
 from router.outcomes import Outcome  # noqa: E402
-from router.scorers import KNNScorer, fit, scorer_for  # noqa: E402
+from router.scorers import KNNScorer, Scorer, fit, scorer_for  # noqa: E402
 
 CONCURRENCY = 64
 
@@ -83,12 +83,13 @@ async def _embedding(embedder: Embedder, queries: list[str]) -> dict[str, float]
     }
 
 
-def _decision_times(scorer: object, vectors: np.ndarray, prompts: list[str]) -> dict[str, float]:
+def _decision_times(scorer: Scorer, vectors: Vectors, prompts: list[str]) -> dict[str, float]:
+    """What `Router.decide` does after the embedding: score, then explain."""
     times = []
     for vector, prompt in zip(vectors, prompts, strict=True):
         started = time.perf_counter()
-        scorer.score(vector, [prompt])  # type: ignore[attr-defined]
-        scorer.neighbours(vector, 5)  # type: ignore[attr-defined]
+        scorer.score(vector, [prompt])
+        scorer.neighbours(vector, 5)
         times.append(time.perf_counter() - started)
     return {"p50_ms": round(_percentile(times, 50), 3), "p99_ms": round(_percentile(times, 99), 3)}
 

@@ -27,10 +27,11 @@ class Runtime:
             name: create_engine(name, settings, models_dir)
             for name, settings in config.engines.items()
         }
-        self.embedder = Embedder(config.router.embedder) if config.router else None
-        self.router = (
-            Router(config.router, self.embedder) if config.router and self.embedder else None
-        )
+        self.embedder: Embedder | None = None
+        self.router: Router | None = None
+        if config.router is not None:
+            self.embedder = Embedder(config.router.embedder)
+            self.router = Router(config.router, self.embedder)
         self.ready = False
         self.failure: str | None = None
 
@@ -46,7 +47,7 @@ class Runtime:
             )
         except Exception as exc:
             self.failure = f"{type(exc).__name__}: {exc}"
-            log.exception("engines failed to start")
+            log.exception("failed to start")
             return
         self.ready = True
         log.info("ready: %s", ", ".join(self.engines))
