@@ -222,10 +222,12 @@ async def _sse(
         event = first
         while isinstance(event, Delta):
             opening = role(event.index)
-            if opening.role is not None:
-                yield chunk([ChunkChoice(event.index, opening)])
+            # The role chunk leaves with the first text in one write: one wake-up of
+            # the client for its first token, not two.
+            role_chunk = chunk([ChunkChoice(event.index, opening)]) if opening.role else b""
             logprobs = _logprobs(event.logprobs) if call.params.logprobs else None
-            yield chunk([ChunkChoice(event.index, ChunkDelta(content=event.text), None, logprobs)])
+            text = ChunkDelta(content=event.text)
+            yield role_chunk + chunk([ChunkChoice(event.index, text, None, logprobs)])
             try:
                 event = await anext(events)
             except EngineError as exc:
