@@ -42,7 +42,7 @@ _UNITS = {
     "c", "f", "celsius", "fahrenheit", "kelvin", "usd", "eur", "gbp", "dollars", "euros",
     "percent", "%", "$", "€", "£", "kb", "mb", "gb", "tb", "kbps", "mbps", "ghz", "mhz",
 }  # fmt: skip
-_WORD = re.compile(r"[\w'%$€£]+")
+_WORD = re.compile(r"[\w'\u2019%$€£]+")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 
 
@@ -80,7 +80,8 @@ def entities(text: str) -> tuple[str, ...]:
         for position, word in enumerate(_WORD.findall(sentence)):
             named = position > 0 and word[0].isupper() and word != "I"
             if named or word.lower() in _UNITS:
-                found.append(word.lower())
+                # "France's capital" names the same thing as "the capital of France".
+                found.append(word.lower().removesuffix("'s").removesuffix("\u2019s"))
     return tuple(found)
 
 

@@ -8,8 +8,9 @@ import sys
 
 import msgspec
 
+from gateway.cache_commands import add_commands as add_cache_commands
 from gateway.config import ConfigError, GatewayConfig, load_config
-from gateway.router_commands import add_commands
+from gateway.router_commands import add_commands as add_router_commands
 from router.model_file import RouterFileError
 from router.outcomes import OutcomeError
 
@@ -62,7 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("file")
     check.set_defaults(run=_config_check)
 
-    add_commands(commands)
+    add_router_commands(commands)
+    add_cache_commands(commands)
     return parser
 
 

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import msgspec
 import yaml
 
+from cache.semantic_cache import CacheSettings
 from engines.settings import EngineSettings
 from router.settings import RouterSettings
 
@@ -45,6 +46,9 @@ class GatewayConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     engines: dict[str, EngineSettings]
     # Routes the model name "auto" to a tier by difficulty; without it, no "auto".
     router: RouterSettings | None = None
+    # The semantic cache's settings (`satisfice cache eval` reads them; the request
+    # path does not use the cache yet).
+    cache: CacheSettings | None = None
 
     def __post_init__(self) -> None:
         if not self.engines:

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -98,3 +102,25 @@ async def test_vectors_of_another_model_are_refused(embedder: Embedder) -> None:
     foreign = Embedding((await embedder.embed("hi")).vector, "other-model:1")
     with pytest.raises(ValueError, match="other-model:1"):
         cache.semantic(ns, "hi", foreign)
+
+
+def test_cache_eval_command(tmp_path: Path) -> None:
+    pairs = tmp_path / "pairs.jsonl"
+    rows = [
+        {"a": "What is the capital of France?", "b": "Which city is France's capital?", "label": 1},
+        {"a": "How do I enable 2FA?", "b": "How do I disable 2FA?", "label": 0},
+        {"a": "What is 15% of 80?", "b": "What is 15% of 90?", "label": 0},
+        {"a": "How do I bake bread?", "b": "What is the speed of light?", "label": 0},
+    ]
+    pairs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "cache", "eval", "--pairs", str(pairs),
+         "--threshold", "0.7", "--json"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    # Only the paraphrase may hit: the guards veto the two near misses.
+    assert report["hit_rate"] == 0.25 and report["precision"] == 1.0
+    assert report["false_hit_rate"] == 0.0
+    assert report["best_hit_rate_at_99_precision"] == 0.25

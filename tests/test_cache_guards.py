@@ -27,6 +27,7 @@ PARAPHRASES = [
     ("Who wrote Hamlet?", "Who is the author of Hamlet?"),
     ("How many legs does a spider have?", "how many legs do spiders have"),
     ("What is 2,500 plus 10?", "what's 2500 + 10"),
+    ("What is the capital of France?", "Which city is France's capital?"),
 ]
 
 
