@@ -70,19 +70,14 @@ class FanOutEngine(ABC):
     async def close(self) -> None:
         return None
 
-    @property
-    def queue_depth(self) -> int:
-        return self._admission.waiting
-
-    async def _admit(self, deadline: float | None) -> float | None:
-        """Wait for a generation slot; the seconds waited, or None if the deadline came first."""
-        queued = time.monotonic()
+    async def _admit(self, deadline: float | None) -> bool:
+        """Wait for a generation slot; False if the deadline came first."""
         try:
             async with asyncio.timeout(remaining(deadline)):
                 await self._admission.acquire()
         except TimeoutError:
-            return None
-        return time.monotonic() - queued
+            return False
+        return True
 
     def _deadline(self, deadline: float | None) -> float | None:
         if self.timeout_s is None:
@@ -102,9 +97,10 @@ class FanOutEngine(ABC):
             own = msgspec.structs.replace(params, seed=seed)
             try:
                 queued = time.monotonic()
-                queue_s = await self._admit(deadline)
-                if queue_s is None:
-                    merged.put_nowait(_expired(index, time.monotonic() - queued))
+                admitted = await self._admit(deadline)
+                queue_s = time.monotonic() - queued
+                if not admitted:
+                    merged.put_nowait(_expired(index, queue_s))
                     return
                 sample = self._sample(prompt, own, index, deadline, queue_s)
                 async with contextlib.aclosing(sample) as it:
