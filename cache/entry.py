@@ -31,11 +31,6 @@ class Namespace(msgspec.Struct, frozen=True, kw_only=True):
         return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:32]
 
 
-def fingerprint(*texts: str) -> str:
-    """A short stable digest of some text, e.g. a system prompt and earlier turns."""
-    return hashlib.sha256("\x1e".join(texts).encode()).hexdigest()[:16]
-
-
 def normalise(prompt: str) -> str:
     """The form the exact path compares: case, spacing and end punctuation do not count."""
     return _SPACE.sub(" ", prompt).strip().rstrip("?!. ").lower()

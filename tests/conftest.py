@@ -16,6 +16,7 @@ import pytest
 from engines.llama_cpp import LlamaCppEngine
 from engines.settings import LlamaCppSettings
 from gateway.config import GatewayConfig, load_config
+from router.embedder import Embedder, EmbedderSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -83,6 +84,15 @@ async def large_engine(
     engine = await _started(default_config, "large", models_dir)
     yield engine
     await engine.close()
+
+
+@pytest.fixture(scope="session")
+async def embedder() -> AsyncIterator[Embedder]:
+    """The bundled embedder, loaded once for every test that embeds."""
+    embedder = Embedder(EmbedderSettings())
+    await embedder.start()
+    yield embedder
+    await embedder.close()
 
 
 GATEWAY_CONFIG = """

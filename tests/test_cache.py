@@ -6,7 +6,6 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -14,15 +13,7 @@ import pytest
 from cache.entry import Namespace
 from cache.memory_store import MemoryStore
 from cache.semantic_cache import CacheSettings, Hit, Miss, SemanticCache
-from router.embedder import Embedder, EmbedderSettings, Embedding
-
-
-@pytest.fixture(scope="module")
-async def embedder() -> AsyncIterator[Embedder]:
-    embedder = Embedder(EmbedderSettings())
-    await embedder.start()
-    yield embedder
-    await embedder.close()
+from router.embedder import Embedder, Embedding
 
 
 def make_cache(embedder: Embedder, **settings: object) -> SemanticCache:

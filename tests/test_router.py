@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
@@ -11,7 +10,7 @@ import numpy as np
 import pytest
 
 from router import calibrate
-from router.embedder import Embedder, EmbedderSettings, Embedding
+from router.embedder import Embedder, Embedding
 from router.index import VectorIndex
 from router.model_file import RouterFileError, read_router, write_router
 from router.outcomes import Outcome, OutcomeError, read_outcomes
@@ -26,14 +25,6 @@ HARD = [
     "A train leaves at 3:15 going 72 km/h; another at 4:05 at 96 km/h. When does it catch up?",
     "Explain why the halting problem is undecidable, with a diagonal argument.",
 ]
-
-
-@pytest.fixture(scope="module")
-async def embedder() -> AsyncIterator[Embedder]:
-    embedder = Embedder(EmbedderSettings())
-    await embedder.start()
-    yield embedder
-    await embedder.close()
 
 
 def outcomes() -> list[Outcome]:
