@@ -1,7 +1,24 @@
 """Semantic cache: exact and semantic lookup with false-hit guards, scoped by namespace.
 
-Built so far: keys and namespaces (entry.py), guards (guards.py), the in-process
-store (memory_store.py) and lookup/write-back over it (semantic_cache.py). Still to
-come with the cache issue: the Redis store and replica sync, warm-up, admin
-commands, evaluation, and wiring into the gateway's request path.
+Keys and namespaces (entry.py), guards (guards.py), the store contract (store.py)
+with an in-process store (memory_store.py) and a Redis one shared by replicas
+(redis_store.py), lookup and write-back over a store (semantic_cache.py),
+coalescing of identical misses (coalesce.py) and warm-up from files (warmup.py).
 """
+
+from __future__ import annotations
+
+from cache.memory_store import MemoryStore
+from cache.settings import CacheSettings, MemoryStoreSettings
+from cache.store import CacheStore
+
+__all__ = ["create_store"]
+
+
+def create_store(settings: CacheSettings) -> CacheStore:
+    """The store the settings name; the cache starts and closes it."""
+    if isinstance(settings.store, MemoryStoreSettings):
+        return MemoryStore(settings.store)
+    from cache.redis_store import RedisStore  # only configs that use Redis import it
+
+    return RedisStore(settings.store)

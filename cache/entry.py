@@ -5,8 +5,12 @@ from __future__ import annotations
 import hashlib
 import re
 import time
+from collections.abc import Sequence
 
 import msgspec
+import numpy as np
+
+from router.embedder import Vectors
 
 _SPACE = re.compile(r"\s+")
 
@@ -23,12 +27,15 @@ class Namespace(msgspec.Struct, frozen=True, kw_only=True):
     model: str
     context: str = ""
     embedding: str
-    sampling: str = "greedy"
+    sampling: str = "greedy"  # see sampling_key
 
     @property
     def key(self) -> str:
-        parts = (self.tenant, self.model, self.context, self.embedding, self.sampling)
-        return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:32]
+        """``tenant:model:<hash of the rest>``: readable where an operator selects by
+        it ("drop tenant acme's entries"), hashed where it only needs to differ."""
+        rest = (self.context, self.embedding, self.sampling)
+        digest = hashlib.sha256("\x1f".join(rest).encode()).hexdigest()[:16]
+        return f"{self.tenant}:{self.model}:{digest}"
 
 
 def normalise(prompt: str) -> str:
@@ -53,6 +60,46 @@ class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
     confidence: float
     created_at: float
     expires_at: float | None = None
+    completion_tokens: int = 0
+    # The prompt's embedding as little-endian float16: every replica rebuilds its
+    # index from the store, so the store keeps the vector (half the bytes of float32,
+    # cosine error about 1e-4).
+    vector: bytes = b""
 
     def expired(self, now: float | None = None) -> bool:
         return self.expires_at is not None and (now or time.time()) >= self.expires_at
+
+
+def pack_vector(vector: Vectors) -> bytes:
+    return np.asarray(vector, dtype="<f2").tobytes()
+
+
+def unpack_vector(packed: bytes) -> Vectors:
+    return np.frombuffer(packed, dtype="<f2").astype(np.float32)
+
+
+def context_fingerprint(turns: Sequence[tuple[str, str]]) -> str:
+    """Fingerprint of the (role, content) turns around the last user turn."""
+    if not turns:
+        return ""
+    return hashlib.sha256(msgspec.msgpack.encode(list(turns))).hexdigest()[:32]
+
+
+GREEDY = "greedy"
+
+
+def sampling_key(
+    temperature: float | None,
+    *,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    stop: Sequence[str] = (),
+    frequency_penalty: float = 0.0,
+    presence_penalty: float = 0.0,
+) -> str:
+    """The sampling settings an answer depends on. An unset temperature counts as
+    greedy: a client that asks for no particular variety gets the shared answer."""
+    key = GREEDY if not temperature else f"t={temperature},p={top_p},seed={seed}"
+    if stop or frequency_penalty or presence_penalty:
+        key += f",stop={list(stop)},fp={frequency_penalty},pp={presence_penalty}"
+    return key

@@ -3,39 +3,51 @@
 The exact path needs no embedding: a hash of the normalised prompt in its namespace.
 The semantic path searches the namespace's vector index with the embedding the
 request already has, and serves the nearest entry above the similarity threshold
-that every guard accepts. All methods block (FAISS); callers keep them off the
-event loop.
+that every guard accepts.
+
+The vector indexes live in this process and follow the store: rebuilt from it at
+start, updated by this process's writes and by the changes other replicas publish.
+FAISS work runs on one dedicated thread, which keeps it off the event loop and
+serialises it (a FAISS index is not safe to change while it is searched).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import heapq
+import logging
 import time
-from typing import Annotated, Literal
+from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Literal, ParamSpec, TypeVar
 
 import msgspec
 import numpy as np
 
-from cache.entry import CacheEntry, Namespace, entry_id
-from cache.guards import GuardSettings, veto
-from cache.memory_store import MemoryStore
+from cache.entry import CacheEntry, Namespace, entry_id, pack_vector, unpack_vector
+from cache.guards import veto
+from cache.settings import CacheSettings
+from cache.store import (
+    CacheStore,
+    Deleted,
+    Invalidated,
+    Put,
+    Resync,
+    StoreStats,
+    StoreUnavailable,
+)
 from router.embedder import Embedding
 from router.index import VectorIndex
 
-Unit = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+log = logging.getLogger("satisfice.cache")
 
+P = ParamSpec("P")
+T = TypeVar("T")
 
-class CacheSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    exact: bool = True
-    semantic: bool = True
-    # Cosine similarity a cached prompt needs to be served for a new one.
-    similarity_threshold: Unit = 0.92
-    # Answers below this confidence are not stored.
-    write_confidence: Unit = 0.0
-    ttl_s: Annotated[float, msgspec.Meta(gt=0)] | None = 86_400.0
-    max_entries: Annotated[int, msgspec.Meta(ge=1)] = 100_000
-    # Candidates above the threshold that the guards may examine, nearest first.
-    candidates: Annotated[int, msgspec.Meta(ge=1)] = 5
-    guards: GuardSettings = GuardSettings()
+# How often expired entries are dropped from the indexes (the store drops the
+# entries themselves; a lookup that meets one before then drops it too).
+EXPIRY_SWEEP_S = 5.0
 
 
 class Hit(msgspec.Struct, frozen=True):
@@ -46,49 +58,167 @@ class Hit(msgspec.Struct, frozen=True):
 
 class Miss(msgspec.Struct, frozen=True):
     # "empty": nothing in the namespace; "below_threshold": nearest too far;
-    # "guard:<name>": near enough but vetoed by that guard.
+    # "guard:<name>": near enough but vetoed by that guard; "store_unavailable".
     reason: str
     best_similarity: float | None = None
 
 
-class SemanticCache:
-    def __init__(self, settings: CacheSettings, store: MemoryStore, *, dim: int) -> None:
-        self.settings = settings
-        self._store = store
-        self._dim = dim
-        self._indexes: dict[str, VectorIndex] = {}
+class CacheCounters(msgspec.Struct, kw_only=True):
+    """Running totals since start, for stats and metrics."""
 
-    def exact(self, namespace: Namespace, prompt: str) -> Hit | None:
+    exact_hits: int = 0
+    semantic_hits: int = 0
+    misses: int = 0
+    guard_rejections: dict[str, int] = msgspec.field(default_factory=dict)
+    writes: int = 0
+    writes_below_confidence: int = 0
+    store_unavailable: int = 0
+    replica_changes: int = 0
+    resyncs: int = 0
+
+
+class NamespaceStats(msgspec.Struct, frozen=True):
+    namespace: str
+    vectors: int
+
+
+class CacheStats(msgspec.Struct, frozen=True, kw_only=True):
+    store: StoreStats
+    indexed: int
+    namespaces: list[NamespaceStats]
+    counters: CacheCounters
+
+
+def in_scope(namespace: str, selector: str) -> bool:
+    """Whether a namespace key falls under a selector: the key itself or a leading
+    part of it ("tenant" or "tenant:model")."""
+    return namespace == selector or namespace.startswith(selector + ":")
+
+
+class SemanticCache:
+    def __init__(self, settings: CacheSettings, store: CacheStore) -> None:
+        self.settings = settings
+        self.store = store
+        self.counters = CacheCounters()
+        self._indexes: dict[str, VectorIndex] = {}
+        # id -> (namespace, expires_at) of every indexed vector, and a heap of expiry
+        # times to drop them when they expire.
+        self._indexed: dict[int, tuple[str, float | None]] = {}
+        self._expiry: list[tuple[float, int]] = []
+        self._faiss = ThreadPoolExecutor(1, thread_name_prefix="cache-index")
+        self._tasks: list[asyncio.Task[None]] = []
+        self._store_down = False
+
+    async def start(self) -> None:
+        await self.store.start()
+        await self.rebuild()
+        self._tasks = [
+            asyncio.create_task(self._follow_changes()),
+            asyncio.create_task(self._sweep_expired()),
+        ]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.store.close()
+        self._faiss.shutdown(wait=True)
+
+    async def _index(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        return await asyncio.get_running_loop().run_in_executor(
+            self._faiss, lambda: fn(*args, **kwargs)
+        )
+
+    # -- lookup -------------------------------------------------------------------
+
+    async def lookup(
+        self, namespace: Namespace, prompt: str, embed: Callable[[], Awaitable[Embedding]]
+    ) -> tuple[Hit | Miss, Embedding | None]:
+        """Exact path, then (only if that misses) the semantic path with the vector
+        ``embed`` returns; the vector comes back too, for whoever needs it next."""
+        hit = await self.exact(namespace, prompt)
+        if hit is not None:
+            return hit, None
+        if not self.settings.semantic:
+            self.counters.misses += 1
+            return Miss("exact_only"), None
+        embedding = await embed()
+        return await self.semantic(namespace, prompt, embedding), embedding
+
+    async def exact(self, namespace: Namespace, prompt: str) -> Hit | None:
         if not self.settings.exact:
             return None
-        entry = self._store.get(entry_id(namespace, prompt))
-        return None if entry is None else Hit(entry, "exact", 1.0)
+        entry = await self._guarded(self.store.get(namespace.key, entry_id(namespace, prompt)))
+        if entry is None:
+            return None
+        self.counters.exact_hits += 1
+        return Hit(entry, "exact", 1.0)
 
-    def semantic(self, namespace: Namespace, prompt: str, embedding: Embedding) -> Hit | Miss:
+    async def semantic(self, namespace: Namespace, prompt: str, embedding: Embedding) -> Hit | Miss:
         if embedding.model != namespace.embedding:
             raise ValueError(
                 f"embedding from {embedding.model!r} in a namespace of {namespace.embedding!r}"
             )
+        found = await self._semantic(namespace, prompt, embedding)
+        if isinstance(found, Hit):
+            self.counters.semantic_hits += 1
+        else:
+            self.counters.misses += 1
+            if found.reason.startswith("guard:"):
+                guard = found.reason.removeprefix("guard:")
+                self.counters.guard_rejections[guard] = (
+                    self.counters.guard_rejections.get(guard, 0) + 1
+                )
+        return found
+
+    async def _semantic(
+        self, namespace: Namespace, prompt: str, embedding: Embedding
+    ) -> Hit | Miss:
         index = self._indexes.get(namespace.key)
         if not self.settings.semantic or index is None or len(index) == 0:
             return Miss("empty")
-        similarities, ids = index.search(embedding.vector, self.settings.candidates)
+        similarities, ids = await self._index(
+            index.search, embedding.vector, self.settings.candidates
+        )
         best = float(similarities[0, 0])
+        near = [
+            (float(similarity), int(id_))
+            for similarity, id_ in zip(similarities[0], ids[0], strict=True)
+            if id_ >= 0 and similarity >= self.settings.similarity_threshold
+        ]
+        if not near:
+            return Miss("below_threshold", best)
+        entries = await self._guarded(self.store.get_many(namespace.key, [id_ for _, id_ in near]))
+        if entries is None:
+            return Miss("store_unavailable", best)
         reason = "below_threshold"
-        for similarity, id_ in zip(similarities[0], ids[0], strict=True):
-            if id_ < 0 or similarity < self.settings.similarity_threshold:
-                break
-            entry = self._store.get(int(id_))
+        gone = []
+        for (similarity, id_), entry in zip(near, entries, strict=True):
             if entry is None:  # expired or evicted since it was indexed
-                index.remove(ids[0][ids[0] == id_])
+                gone.append(id_)
                 continue
             vetoed = veto(entry.prompt, prompt, self.settings.guards)
             if vetoed is None:
-                return Hit(entry, "semantic", float(similarity))
+                return Hit(entry, "semantic", similarity)
             reason = f"guard:{vetoed}"
+        if gone:
+            await self._unindex(gone)
         return Miss(reason, best)
 
-    def put(
+    async def _guarded(self, call: Awaitable[T]) -> T | None:
+        """The store's answer, or None while it is unavailable (the request goes on
+        without the cache; the store logs the outage once)."""
+        try:
+            return await call
+        except StoreUnavailable:
+            self.counters.store_unavailable += 1
+            return None
+
+    # -- writes -------------------------------------------------------------------
+
+    def entry(
         self,
         namespace: Namespace,
         prompt: str,
@@ -98,14 +228,12 @@ class SemanticCache:
         model: str,
         tier: str,
         confidence: float,
-    ) -> CacheEntry | None:
-        """Store an answer if it is confident enough; None when it is not stored."""
-        if confidence < self.settings.write_confidence:
-            return None
+        completion_tokens: int = 0,
+    ) -> CacheEntry:
         if embedding.model != namespace.embedding:
             raise ValueError("the embedding does not belong to this namespace's model")
         now = time.time()
-        entry = CacheEntry(
+        return CacheEntry(
             id=entry_id(namespace, prompt),
             namespace=namespace.key,
             prompt=prompt,
@@ -115,28 +243,140 @@ class SemanticCache:
             confidence=confidence,
             created_at=now,
             expires_at=None if self.settings.ttl_s is None else now + self.settings.ttl_s,
+            completion_tokens=completion_tokens,
+            vector=pack_vector(embedding.vector),
         )
-        for evicted in self._store.put(entry):
-            self._unindex(evicted)
-        index = self._indexes.setdefault(namespace.key, VectorIndex(self._dim))
-        index.add(np.array([entry.id], dtype=np.int64), embedding.vector)
-        return entry
 
-    def delete(self, id_: int) -> bool:
-        entry = self._store.delete(id_)
-        if entry is not None:
-            self._unindex(entry)
-        return entry is not None
+    async def put(self, entries: list[CacheEntry]) -> list[CacheEntry]:
+        """Store the entries confident enough to keep; returns those stored."""
+        keep = [e for e in entries if e.confidence >= self.settings.write_confidence]
+        self.counters.writes_below_confidence += len(entries) - len(keep)
+        if not keep:
+            return []
+        evicted = await self._guarded(self.store.put(keep))
+        if evicted is None:
+            return []
+        self.counters.writes += len(keep)
+        if evicted:
+            await self._unindex([e.id for e in evicted])
+        await self._add(keep)
+        return keep
 
-    def invalidate(self, namespace: Namespace) -> int:
-        """Drop every entry of a namespace; returns how many."""
-        doomed = [e.id for e in self._store.entries() if e.namespace == namespace.key]
-        for id_ in doomed:
-            self._store.delete(id_)
-        self._indexes.pop(namespace.key, None)
-        return len(doomed)
+    def contains(self, id_: int) -> bool:
+        """Whether this process has the entry indexed (the store may have dropped it
+        since; the next lookup that meets it will notice)."""
+        return id_ in self._indexed
 
-    def _unindex(self, entry: CacheEntry) -> None:
-        index = self._indexes.get(entry.namespace)
-        if index is not None:
-            index.remove(np.array([entry.id], dtype=np.int64))
+    async def delete(self, id_: int) -> bool:
+        where = self._indexed.get(id_)
+        if where is None:
+            return False
+        deleted = bool(await self.store.delete(where[0], id_))
+        await self._unindex([id_])
+        return deleted
+
+    async def invalidate(self, selector: str | None) -> int:
+        """Drop every entry under a namespace selector (see ``in_scope``), or every
+        entry when None; returns how many the store dropped."""
+        if selector is None:
+            dropped = await self.store.invalidate(None)
+            await self._drop_namespaces(list(self._indexes))
+            return dropped
+        doomed = [ns for ns in self._indexes if in_scope(ns, selector)]
+        dropped = 0
+        for namespace in doomed:
+            dropped += await self.store.invalidate(namespace)
+        await self._drop_namespaces(doomed)
+        return dropped
+
+    async def stats(self) -> CacheStats:
+        try:
+            store = await self.store.stats()
+        except StoreUnavailable:
+            store = StoreStats(kind="unavailable", entries=0, available=False)
+        return CacheStats(
+            store=store,
+            indexed=len(self._indexed),
+            namespaces=[NamespaceStats(ns, len(index)) for ns, index in self._indexes.items()],
+            counters=self.counters,
+        )
+
+    # -- keeping the indexes in step with the store ---------------------------------
+
+    async def _add(self, entries: Iterable[CacheEntry]) -> None:
+        by_namespace: dict[str, list[CacheEntry]] = {}
+        for entry in entries:
+            by_namespace.setdefault(entry.namespace, []).append(entry)
+        for namespace, group in by_namespace.items():
+            ids = np.array([e.id for e in group], dtype=np.int64)
+            vectors = np.stack([unpack_vector(e.vector) for e in group])
+            index = self._indexes.get(namespace)
+            if index is None:
+                index = self._indexes[namespace] = VectorIndex(vectors.shape[1])
+            await self._index(index.add, ids, vectors)
+            for entry in group:
+                self._indexed[entry.id] = (namespace, entry.expires_at)
+                if entry.expires_at is not None:
+                    heapq.heappush(self._expiry, (entry.expires_at, entry.id))
+
+    async def _unindex(self, ids: Iterable[int]) -> None:
+        by_namespace: dict[str, list[int]] = {}
+        for id_ in ids:
+            where = self._indexed.pop(id_, None)
+            if where is not None:
+                by_namespace.setdefault(where[0], []).append(id_)
+        for namespace, group in by_namespace.items():
+            index = self._indexes.get(namespace)
+            if index is not None:
+                await self._index(index.remove, np.array(group, dtype=np.int64))
+
+    async def _drop_namespaces(self, namespaces: list[str]) -> None:
+        dropped = set(namespaces)
+        for namespace in dropped:
+            self._indexes.pop(namespace, None)
+        self._indexed = {k: v for k, v in self._indexed.items() if v[0] not in dropped}
+
+    async def rebuild(self) -> None:
+        """Re-create every index from the store's entries, then swap them in at once."""
+        try:
+            entries = [entry async for entry in self.store.entries()]
+        except StoreUnavailable:
+            log.warning("cache index not rebuilt: the store is unavailable")
+            return
+        self._indexes, self._indexed, self._expiry = {}, {}, []
+        await self._add(entries)
+        log.info("cache index rebuilt: %d entries", len(entries))
+
+    async def _follow_changes(self) -> None:
+        """Apply what other replicas change, for as long as the cache runs."""
+        async for change in self.store.changes():
+            self.counters.replica_changes += 1
+            try:
+                if isinstance(change, Put):
+                    await self._add([change.entry])
+                elif isinstance(change, Deleted):
+                    await self._unindex([change.id])
+                elif isinstance(change, Invalidated):
+                    namespaces = list(self._indexes)
+                    if change.namespace is not None:
+                        namespaces = [change.namespace]
+                    await self._drop_namespaces(namespaces)
+                elif isinstance(change, Resync):
+                    self.counters.resyncs += 1
+                    await self.rebuild()
+            except Exception:  # one bad change must not stop the replica following
+                log.exception("cache change %r could not be applied", change)
+
+    async def _sweep_expired(self) -> None:
+        while True:
+            await asyncio.sleep(EXPIRY_SWEEP_S)
+            now = time.time()
+            expired = []
+            while self._expiry and self._expiry[0][0] <= now:
+                expires_at, id_ = heapq.heappop(self._expiry)
+                where = self._indexed.get(id_)
+                # A re-stored entry has a later expiry: only the latest one counts.
+                if where is not None and where[1] == expires_at:
+                    expired.append(id_)
+            if expired:
+                await self._unindex(expired)

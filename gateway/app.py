@@ -16,7 +16,18 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.response import Stream
 from litestar.types import ASGIApp
 
-from gateway.chat import ChatCall, complete, open_stream, prepare
+from gateway.admin import ADMIN_HANDLERS
+from gateway.chat import (
+    ChatCall,
+    answer_completion,
+    answer_stream,
+    check,
+    complete,
+    engine_seconds,
+    new_id,
+    open_stream,
+    unknown_model,
+)
 from gateway.config import AUTO_MODEL, GatewayConfig
 from gateway.errors import EXCEPTION_HANDLERS, APIError
 from gateway.openai_types import (
@@ -26,6 +37,7 @@ from gateway.openai_types import (
     Model,
     ModelList,
 )
+from gateway.pipeline import CACHE_HEADER, Embedded, Served, handle, last_user_turn, route
 from gateway.runtime import Runtime
 from router.router import RouteDecision
 
@@ -60,20 +72,50 @@ async def chat_completions(
     data: ChatCompletionRequest, state: State, request: Request[Any, Any, Any]
 ) -> ASGIApp:
     runtime = _runtime(state)
-    call = await prepare(data, runtime.engines, runtime.config.server, runtime.route)
-    headers = _trace_headers(call)
+    outcome = await handle(runtime, data, request.headers)
+    if isinstance(outcome, Served):
+        return _served(outcome, data, request)
+    call = outcome.call
+    headers = {**_trace_headers(call), CACHE_HEADER: outcome.cache}
     if not data.stream:
-        completion, engine_s = await complete(call)
+        try:
+            completion, generation = await complete(call)
+        except BaseException:
+            outcome.finished(None)
+            raise
+        outcome.finished(generation)
         # Server-Timing lets a client tell the engine's time from the gateway's own.
-        headers["Server-Timing"] = f"engine;dur={engine_s * 1000:.3f}"
+        headers["Server-Timing"] = f"engine;dur={engine_seconds(generation) * 1000:.3f}"
         response = Response(
             msgspec.json.encode(completion), media_type="application/json", headers=headers
         )
         return response.to_asgi_response(None, request)
-    body = await open_stream(call)
+    body = await open_stream(call, outcome.finished)
     headers["Cache-Control"] = "no-cache"
     stream = Stream(body, media_type="text/event-stream", headers=headers)
     return stream.to_asgi_response(None, request)
+
+
+def _served(
+    served: Served, data: ChatCompletionRequest, request: Request[Any, Any, Any]
+) -> ASGIApp:
+    """An answer from the cache, or shared from an identical request in flight."""
+    headers = {CACHE_HEADER: served.source, "x-satisfice-engine": served.engine}
+    if served.similarity is not None:
+        headers["x-satisfice-cache-similarity"] = f"{served.similarity:.4f}"
+    call_id = new_id()
+    if not data.stream:
+        completion = answer_completion(call_id, data.model, served.answer)
+        response = Response(
+            msgspec.json.encode(completion), media_type="application/json", headers=headers
+        )
+        return response.to_asgi_response(None, request)
+    include_usage = bool(data.stream_options and data.stream_options.include_usage)
+    headers["Cache-Control"] = "no-cache"
+    body = answer_stream(call_id, data.model, served.answer, include_usage)
+    return Stream(body, media_type="text/event-stream", headers=headers).to_asgi_response(
+        None, request
+    )
 
 
 def _trace_headers(call: ChatCall) -> dict[str, str]:
@@ -94,16 +136,13 @@ def _trace_headers(call: ChatCall) -> dict[str, str]:
         503: ResponseSpec(ErrorResponse, description="Not ready"),
     },
 )
-async def route(data: ChatCompletionRequest, state: State) -> RouteDecision:
+async def explain_route(data: ChatCompletionRequest, state: State) -> RouteDecision:
     runtime = _runtime(state)
-    call = await prepare(
-        msgspec.structs.replace(data, model=AUTO_MODEL),
-        runtime.engines,
-        runtime.config.server,
-        runtime.route,
-    )
-    assert call.decision is not None
-    return call.decision
+    if runtime.router is None:
+        raise unknown_model(AUTO_MODEL, runtime.engines, " (routing is turned off)")
+    checked = check(msgspec.structs.replace(data, model=AUTO_MODEL), runtime.engines,
+                    runtime.config.server)  # fmt: skip
+    return await route(runtime, Embedded(runtime, last_user_turn(checked.messages)))
 
 
 @get("/v1/models")
@@ -145,7 +184,14 @@ def create_app(config: GatewayConfig) -> Litestar:
             await runtime.close()
 
     return Litestar(
-        route_handlers=[chat_completions, route, list_models, healthz, readyz],
+        route_handlers=[
+            chat_completions,
+            explain_route,
+            list_models,
+            healthz,
+            readyz,
+            *ADMIN_HANDLERS,
+        ],
         state=State({"runtime": runtime, "started_at": int(time.time())}),
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 
 import msgspec
 
@@ -39,11 +39,17 @@ from gateway.openai_types import (
 )
 from router.router import RouteDecision
 
-Route = Callable[[Sequence[Message]], Awaitable[RouteDecision | None]]
+
+class Checked(msgspec.Struct, frozen=True, kw_only=True):
+    """A request checked against the config's limits, in the engines' terms."""
+
+    messages: tuple[Message, ...]
+    params: SamplingParams
+    include_usage: bool
 
 
 class ChatCall(msgspec.Struct, frozen=True, kw_only=True):
-    """A request checked against the config, ready for its engine."""
+    """A checked request with the engine that will answer it."""
 
     id: str
     created: int
@@ -53,16 +59,16 @@ class ChatCall(msgspec.Struct, frozen=True, kw_only=True):
     messages: tuple[Message, ...]
     params: SamplingParams
     include_usage: bool
+    # The engine may record logprobs for the gateway's own use (an answer's
+    # confidence) that the client did not ask for.
+    return_logprobs: bool
 
 
-async def prepare(
-    request: ChatCompletionRequest,
-    engines: Mapping[str, Engine],
-    limits: ServerSettings,
-    route: Route,
-) -> ChatCall:
+def check(
+    request: ChatCompletionRequest, engines: Mapping[str, Engine], limits: ServerSettings
+) -> Checked:
     if request.model != AUTO_MODEL and request.model not in engines:
-        raise _unknown_model(request.model, engines)
+        raise unknown_model(request.model, engines)
     if len(request.messages) > limits.max_messages:
         raise APIError(
             400,
@@ -82,13 +88,6 @@ async def prepare(
         raise APIError(400, f"n is {n}; this gateway allows at most {limits.max_n}", param="n")
     if request.top_logprobs and not request.logprobs:
         raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
-    messages = _messages(request.messages)
-    decision = None
-    if request.model == AUTO_MODEL:
-        decision = await route(messages)
-        if decision is None:
-            raise _unknown_model(request.model, engines, " (routing is turned off in this config)")
-    engine = engines[decision.engine if decision else request.model]
     stop = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
     params = SamplingParams(
         max_tokens=max_tokens,
@@ -102,19 +101,42 @@ async def prepare(
         logprobs=bool(request.logprobs),
         top_logprobs=request.top_logprobs or 0,
     )
-    return ChatCall(
-        id=f"chatcmpl-{uuid.uuid4().hex}",
-        created=int(time.time()),
-        model=request.model,
-        engine=engine,
-        decision=decision,
-        messages=messages,
+    return Checked(
+        messages=_messages(request.messages),
         params=params,
         include_usage=bool(request.stream_options and request.stream_options.include_usage),
     )
 
 
-def _unknown_model(model: str, engines: Mapping[str, Engine], hint: str = "") -> APIError:
+def new_call(
+    model: str,
+    checked: Checked,
+    engine: Engine,
+    decision: RouteDecision | None,
+    *,
+    record_logprobs: bool = False,
+) -> ChatCall:
+    params = checked.params
+    if record_logprobs and not params.logprobs:
+        params = msgspec.structs.replace(params, logprobs=True)
+    return ChatCall(
+        id=new_id(),
+        created=int(time.time()),
+        model=model,
+        engine=engine,
+        decision=decision,
+        messages=checked.messages,
+        params=params,
+        include_usage=checked.include_usage,
+        return_logprobs=checked.params.logprobs,
+    )
+
+
+def new_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+def unknown_model(model: str, engines: Mapping[str, Engine], hint: str = "") -> APIError:
     return APIError(
         404,
         f"model {model!r} does not exist{hint}; available: {', '.join(engines)}",
@@ -163,10 +185,9 @@ def _usage(generation: Generation) -> Usage:
     return Usage(generation.prompt_tokens, completion, generation.prompt_tokens + completion)
 
 
-async def complete(call: ChatCall) -> tuple[ChatCompletion, float]:
-    """The completion, and the seconds the engine spent on it (queue included)."""
+async def complete(call: ChatCall) -> tuple[ChatCompletion, Generation]:
+    """The completion, and the engine's generation behind it."""
     generation = await call.engine.generate(call.messages, call.params)
-    engine_s = max(s.timings.queue_s + s.timings.total_s for s in generation.samples)
     completion = ChatCompletion(
         id=call.id,
         created=call.created,
@@ -176,34 +197,49 @@ async def complete(call: ChatCall) -> tuple[ChatCompletion, float]:
                 index=s.index,
                 message=AssistantMessage(s.text),
                 finish_reason=s.finish_reason,
-                logprobs=_logprobs(s.logprobs) if call.params.logprobs else None,
+                logprobs=_logprobs(s.logprobs) if call.return_logprobs else None,
             )
             for s in generation.samples
         ],
         usage=_usage(generation),
     )
-    return completion, engine_s
+    return completion, generation
 
 
-async def open_stream(call: ChatCall) -> AsyncIterator[bytes]:
+def engine_seconds(generation: Generation) -> float:
+    """Seconds the engine spent on a generation, its queue included."""
+    return max(s.timings.queue_s + s.timings.total_s for s in generation.samples)
+
+
+Finished = Callable[[Generation | None], None]
+
+
+async def open_stream(call: ChatCall, finished: Finished | None = None) -> AsyncIterator[bytes]:
     """Start generating and wait for the first event, then hand over the SSE body.
 
     Waiting for the first event lets overload and bad prompts still answer with a
-    proper status code instead of an error inside a 200 stream.
+    proper status code instead of an error inside a 200 stream. ``finished`` hears
+    the whole generation once the stream has sent it, or None if it did not end.
     """
     events = call.engine.stream(call.messages, call.params)
     try:
         first = await anext(events)
     except BaseException:
         await events.aclose()
+        if finished is not None:
+            finished(None)
         raise
-    return _sse(call, first, events)
+    return _sse(call, first, events, finished or (lambda _: None))
 
 
 async def _sse(
-    call: ChatCall, first: Delta | Generation, events: AsyncGenerator[Delta | Generation]
+    call: ChatCall,
+    first: Delta | Generation,
+    events: AsyncGenerator[Delta | Generation],
+    finished: Finished,
 ) -> AsyncIterator[bytes]:
     started: set[int] = set()
+    generation = None
 
     def chunk(choices: list[ChunkChoice], usage: Usage | None = None) -> bytes:
         return encode_sse(
@@ -218,25 +254,75 @@ async def _sse(
         started.add(index)
         return ChunkDelta(role="assistant", content="")
 
-    async with contextlib.aclosing(events):
-        event = first
-        while isinstance(event, Delta):
-            opening = role(event.index)
-            # The role chunk leaves with the first text in one write: one wake-up of
-            # the client for its first token, not two.
-            role_chunk = chunk([ChunkChoice(event.index, opening)]) if opening.role else b""
-            logprobs = _logprobs(event.logprobs) if call.params.logprobs else None
-            text = ChunkDelta(content=event.text)
-            yield role_chunk + chunk([ChunkChoice(event.index, text, None, logprobs)])
-            try:
-                event = await anext(events)
-            except EngineError as exc:
-                error = APIError.from_engine(exc)
-                yield b"data: " + msgspec.json.encode(ErrorResponse(error.body)) + b"\n\n"
-                return
-        for sample in event.samples:
-            opening = role(sample.index)
-            yield chunk([ChunkChoice(sample.index, opening, sample.finish_reason)])
-        if call.include_usage:
-            yield chunk([], _usage(event))
-        yield SSE_DONE
+    try:
+        async with contextlib.aclosing(events):
+            event = first
+            while isinstance(event, Delta):
+                opening = role(event.index)
+                # The role chunk leaves with the first text in one write: one wake-up
+                # of the client for its first token, not two.
+                role_chunk = chunk([ChunkChoice(event.index, opening)]) if opening.role else b""
+                logprobs = _logprobs(event.logprobs) if call.return_logprobs else None
+                text = ChunkDelta(content=event.text)
+                yield role_chunk + chunk([ChunkChoice(event.index, text, None, logprobs)])
+                try:
+                    event = await anext(events)
+                except EngineError as exc:
+                    error = APIError.from_engine(exc)
+                    yield b"data: " + msgspec.json.encode(ErrorResponse(error.body)) + b"\n\n"
+                    return
+            for sample in event.samples:
+                opening = role(sample.index)
+                yield chunk([ChunkChoice(sample.index, opening, sample.finish_reason)])
+            if call.include_usage:
+                yield chunk([], _usage(event))
+            yield SSE_DONE
+            generation = event
+    finally:
+        finished(generation)
+
+
+class Answer(msgspec.Struct, frozen=True, kw_only=True):
+    """One finished answer the gateway already has: from the cache, or from an
+    identical request that was in flight."""
+
+    text: str
+    finish_reason: str
+    completion_tokens: int
+    prompt_tokens: int = 0
+
+
+def answer_completion(call_id: str, model: str, answer: Answer) -> ChatCompletion:
+    return ChatCompletion(
+        id=call_id,
+        created=int(time.time()),
+        model=model,
+        choices=[Choice(0, AssistantMessage(answer.text), answer.finish_reason)],
+        usage=Usage(
+            answer.prompt_tokens,
+            answer.completion_tokens,
+            answer.prompt_tokens + answer.completion_tokens,
+        ),
+    )
+
+
+async def answer_stream(
+    call_id: str, model: str, answer: Answer, include_usage: bool
+) -> AsyncIterator[bytes]:
+    """An answer in hand as a stream: the whole text in one chunk, then the end."""
+    completion = answer_completion(call_id, model, answer)
+
+    def chunk(choices: list[ChunkChoice], usage: Usage | None = None) -> bytes:
+        return encode_sse(
+            ChatCompletionChunk(
+                id=call_id, created=completion.created, model=model, choices=choices, usage=usage
+            )
+        )
+
+    text = ChunkDelta(role="assistant", content=answer.text)
+    yield (
+        chunk([ChunkChoice(0, text)])
+        + chunk([ChunkChoice(0, ChunkDelta(), answer.finish_reason)])
+        + (chunk([], completion.usage) if include_usage else b"")
+        + SSE_DONE
+    )

@@ -16,8 +16,9 @@ from typing import Annotated, Any
 import msgspec
 import yaml
 
-from cache.semantic_cache import CacheSettings
+from cache.settings import CacheSettings
 from engines.settings import EngineSettings
+from router.embedder import EmbedderSettings
 from router.settings import RouterSettings
 
 # Clients send this name to let the router pick the engine (once the router exists).
@@ -36,6 +37,9 @@ class ServerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     # max_tokens a client may ask for, and what it gets when it asks for nothing.
     max_tokens_cap: Positive = 1024
     default_max_tokens: Positive = 256
+    # The key that opens /admin/*; when unset, the environment's SATISFICE_ADMIN_KEY,
+    # and with neither the admin endpoints stay closed.
+    admin_key: str | None = None
 
 
 class GatewayConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -44,10 +48,11 @@ class GatewayConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     models_dir: str = "~/.cache/satisfice/models"
     # Model names clients may ask for, each served by one engine.
     engines: dict[str, EngineSettings]
+    # Embeds each prompt once, for the cache and the router.
+    embedder: EmbedderSettings = EmbedderSettings()
     # Routes the model name "auto" to a tier by difficulty; without it, no "auto".
     router: RouterSettings | None = None
-    # The semantic cache's settings (`satisfice cache eval` reads them; the request
-    # path does not use the cache yet).
+    # Exact and semantic answers from earlier requests; without it, no cache.
     cache: CacheSettings | None = None
 
     def __post_init__(self) -> None:

@@ -19,7 +19,7 @@ from engines import create_engine
 from engines.base import Message, SamplingParams
 from gateway.config import GatewayConfig, load_config
 from router import calibrate
-from router.embedder import Embedder, Vectors
+from router.embedder import Embedder, EmbedderSettings, Vectors
 from router.model_file import read_router, write_router
 from router.outcomes import Outcome, read_outcomes
 from router.router import router_file
@@ -31,8 +31,8 @@ def _router_settings(config: GatewayConfig) -> RouterSettings:
     return config.router if config.router is not None else RouterSettings()
 
 
-def _embed(settings: RouterSettings, prompts: Sequence[str]) -> tuple[Vectors, str]:
-    embedder = Embedder(settings.embedder)
+def _embed(settings: EmbedderSettings, prompts: Sequence[str]) -> tuple[Vectors, str]:
+    embedder = Embedder(settings)
     embedder.load()
     print(f"embedding {len(prompts)} prompts ...", file=sys.stderr)
     return embedder.encode(prompts), embedder.fingerprint
@@ -48,9 +48,9 @@ def _load_outcomes(path: str, skip_bad: bool) -> list[Outcome]:
 
 
 def router_fit(args: argparse.Namespace) -> int:
-    settings = _router_settings(load_config(args.config))
+    config = load_config(args.config)
     outcomes = _load_outcomes(args.outcomes, args.skip_bad)
-    vectors, fingerprint = _embed(settings, [o.prompt for o in outcomes])
+    vectors, fingerprint = _embed(config.embedder, [o.prompt for o in outcomes])
     model = fit(
         args.kind,
         outcomes,
@@ -87,9 +87,10 @@ class _PromptLine(msgspec.Struct):
 
 
 def router_calibrate(args: argparse.Namespace) -> int:
-    settings = _router_settings(load_config(args.config))
+    config = load_config(args.config)
+    settings = _router_settings(config)
     path = args.router or router_file(settings)
-    embedder = Embedder(settings.embedder)
+    embedder = Embedder(config.embedder)
     embedder.load()
     model = read_router(path, embedding=embedder.fingerprint)
     if args.target_quality is not None:
@@ -124,9 +125,9 @@ def cross_validated_scores(
 def router_eval(args: argparse.Namespace) -> int:
     from router.metrics import RoutingReport, evaluate
 
-    settings = _router_settings(load_config(args.config))
+    config = load_config(args.config)
     outcomes = _load_outcomes(args.outcomes, args.skip_bad)
-    vectors, _ = _embed(settings, [o.prompt for o in outcomes])
+    vectors, _ = _embed(config.embedder, [o.prompt for o in outcomes])
     small = np.array([o.small for o in outcomes])
     large = np.array([o.large for o in outcomes])
     reports: dict[str, RoutingReport] = {}

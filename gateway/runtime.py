@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Sequence
 from pathlib import Path
 
+from cache import create_store
+from cache.coalesce import Coalescer
+from cache.semantic_cache import SemanticCache
 from engines import Engine, create_engine
-from engines.base import Message
+from engines.base import Generation
 from gateway.config import GatewayConfig
 from router.embedder import Embedder
-from router.router import RouteDecision, Router
+from router.router import Router
 
 log = logging.getLogger("satisfice.gateway")
 
 
 class Runtime:
-    """Engines by model name, and the router; ready once everything has loaded."""
+    """Engines by model name, the embedder, router and cache; ready once all have loaded."""
 
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
@@ -27,23 +28,38 @@ class Runtime:
             name: create_engine(name, settings, models_dir)
             for name, settings in config.engines.items()
         }
-        self.embedder: Embedder | None = None
+        # One embedder serves the cache and the router: a prompt is embedded once.
+        needs_embedder = config.router is not None or config.cache is not None
+        self.embedder = Embedder(config.embedder) if needs_embedder else None
         self.router: Router | None = None
-        if config.router is not None:
-            self.embedder = Embedder(config.router.embedder)
+        if config.router is not None and self.embedder is not None:
             self.router = Router(config.router, self.embedder)
+        self.cache: SemanticCache | None = None
+        if config.cache is not None:
+            self.cache = SemanticCache(config.cache, create_store(config.cache))
+        self.flights: Coalescer[Generation] = Coalescer()
+        # Write-backs run after their response has gone; kept here so they finish.
+        self.background: set[asyncio.Task[object]] = set()
         self.ready = False
         self.failure: str | None = None
 
-    async def _start_router(self) -> None:
-        if self.embedder is not None and self.router is not None:
+    @property
+    def embedding_model(self) -> str:
+        return self.embedder.fingerprint if self.embedder is not None else "none"
+
+    async def _start_embedder_and_users(self) -> None:
+        if self.embedder is not None:
             await self.embedder.start()
+        if self.router is not None:
             await self.router.start()
+        if self.cache is not None:
+            await self.cache.start()
 
     async def start(self) -> None:
         try:
             await asyncio.gather(
-                self._start_router(), *(engine.start() for engine in self.engines.values())
+                self._start_embedder_and_users(),
+                *(engine.start() for engine in self.engines.values()),
             )
         except Exception as exc:
             self.failure = f"{type(exc).__name__}: {exc}"
@@ -52,24 +68,17 @@ class Runtime:
         self.ready = True
         log.info("ready: %s", ", ".join(self.engines))
 
+    def in_background(self, task: asyncio.Task[object]) -> None:
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
     async def close(self) -> None:
         self.ready = False
+        if self.background:
+            await asyncio.wait(self.background, timeout=5)
         closing = [engine.close() for engine in self.engines.values()]
+        if self.cache is not None:
+            closing.append(self.cache.close())
         if self.embedder is not None:
             closing.append(self.embedder.close())
         await asyncio.gather(*closing)
-
-    async def route(self, messages: Sequence[Message]) -> RouteDecision | None:
-        """Where a routed request goes; None when this config has no router.
-
-        The embedding is computed once here, from the last user turn, which is what
-        the request is asking now.
-        """
-        if self.router is None or self.embedder is None:
-            return None
-        text = next(
-            (m.content for m in reversed(messages) if m.role == "user"), messages[-1].content
-        )
-        started = time.perf_counter()
-        embedding = await self.embedder.embed(text)
-        return await self.router.decide(text, embedding, (time.perf_counter() - started) * 1000)

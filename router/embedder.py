@@ -108,6 +108,12 @@ class Embedder:
         )
         return np.ascontiguousarray(vectors, dtype=np.float32)
 
+    async def embed_many(self, texts: Sequence[str]) -> Vectors:
+        """A batch of embeddings on the embedder's thread (warm-up, tools), taking
+        turns with request batches."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self.encode, list(texts))
+
     async def embed(self, text: str) -> Embedding:
         """One prompt's embedding, batched with whatever else is waiting."""
         future: asyncio.Future[Vectors] = asyncio.get_running_loop().create_future()

@@ -6,8 +6,6 @@ from typing import Annotated
 
 import msgspec
 
-from router.embedder import EmbedderSettings
-
 BUNDLED_ROUTER = "bundled"
 
 
@@ -22,4 +20,3 @@ class RouterSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     large_engine: str = "large"
     # Labelled examples shown with a decision on /v1/route.
     explain_neighbours: Annotated[int, msgspec.Meta(ge=0, le=50)] = 5
-    embedder: EmbedderSettings = EmbedderSettings()

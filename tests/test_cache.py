@@ -3,96 +3,158 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from cache.entry import Namespace
 from cache.memory_store import MemoryStore
-from cache.semantic_cache import CacheSettings, Hit, Miss, SemanticCache
+from cache.semantic_cache import Hit, Miss, SemanticCache
+from cache.settings import CacheSettings, MemoryStoreSettings
 from router.embedder import Embedder, Embedding
 
 
-def make_cache(embedder: Embedder, **settings: object) -> SemanticCache:
-    config = CacheSettings(**settings)  # type: ignore[arg-type]
-    return SemanticCache(config, MemoryStore(config.max_entries), dim=embedder.dim)
+@contextlib.asynccontextmanager
+async def make_cache(
+    max_entries: int = 100, snapshot: Path | None = None, **settings: object
+) -> AsyncIterator[SemanticCache]:
+    store = MemoryStoreSettings(
+        max_entries=max_entries, snapshot=None if snapshot is None else str(snapshot)
+    )
+    cache = SemanticCache(CacheSettings(store=store, **settings), MemoryStore(store))  # type: ignore[arg-type]
+    await cache.start()
+    try:
+        yield cache
+    finally:
+        await cache.close()
 
 
 def scope(embedder: Embedder, tenant: str = "a") -> Namespace:
     return Namespace(tenant=tenant, model="small", embedding=embedder.fingerprint)
 
 
-async def put(cache: SemanticCache, embedder: Embedder, ns: Namespace, prompt: str) -> None:
-    embedding = await embedder.embed(prompt)
-    cache.put(ns, prompt, embedding, response=f"answer to {prompt}", model="small",
-              tier="small", confidence=0.9)  # fmt: skip
+async def put(
+    cache: SemanticCache, embedder: Embedder, ns: Namespace, prompt: str, confidence: float = 0.9
+) -> bool:
+    entry = cache.entry(ns, prompt, await embedder.embed(prompt), response=f"answer to {prompt}",
+                        model="small", tier="small", confidence=confidence)  # fmt: skip
+    return bool(await cache.put([entry]))
+
+
+async def semantic(
+    cache: SemanticCache, embedder: Embedder, ns: Namespace, prompt: str
+) -> Hit | Miss:
+    return await cache.semantic(ns, prompt, await embedder.embed(prompt))
 
 
 async def test_exact_then_semantic_then_guarded(embedder: Embedder) -> None:
-    cache, ns = make_cache(embedder), scope(embedder)
-    await put(cache, embedder, ns, "What is the capital of France?")
-    exact = cache.exact(ns, "what is the capital of  France")
-    assert exact is not None and exact.path == "exact"
+    ns = scope(embedder)
+    async with make_cache() as cache:
+        await put(cache, embedder, ns, "What is the capital of France?")
+        exact = await cache.exact(ns, "what is the capital of  France")
+        assert exact is not None and exact.path == "exact"
 
-    paraphrase = "Which city is the capital of France?"
-    hit = cache.semantic(ns, paraphrase, await embedder.embed(paraphrase))
-    assert isinstance(hit, Hit) and hit.entry.prompt == "What is the capital of France?"
-    assert hit.similarity >= 0.92
+        hit = await semantic(cache, embedder, ns, "Which city is the capital of France?")
+        assert isinstance(hit, Hit) and hit.entry.prompt == "What is the capital of France?"
+        assert hit.similarity >= 0.92
 
-    near_miss = "What is the capital of Germany?"
-    miss = cache.semantic(ns, near_miss, await embedder.embed(near_miss))
-    assert isinstance(miss, Miss) and miss.reason in ("guard:entities", "below_threshold")
+        miss = await semantic(cache, embedder, ns, "What is the capital of Germany?")
+        assert isinstance(miss, Miss) and miss.reason in ("guard:entities", "below_threshold")
 
-    unrelated = "How do I bake sourdough bread?"
-    far = cache.semantic(ns, unrelated, await embedder.embed(unrelated))
-    assert isinstance(far, Miss) and far.reason == "below_threshold"
+        far = await semantic(cache, embedder, ns, "How do I bake sourdough bread?")
+        assert isinstance(far, Miss) and far.reason == "below_threshold"
+        stats = await cache.stats()
+        assert stats.counters.exact_hits == 1 and stats.counters.semantic_hits == 1
+        assert stats.counters.misses == 2 and stats.indexed == 1
+
+
+async def test_lookup_embeds_only_when_the_exact_path_misses(embedder: Embedder) -> None:
+    ns = scope(embedder)
+    calls = []
+
+    async def embed() -> Embedding:
+        calls.append(1)
+        return await embedder.embed("Which city is the capital of France?")
+
+    async with make_cache() as cache:
+        await put(cache, embedder, ns, "What is the capital of France?")
+        found, vector = await cache.lookup(ns, "What is the capital of France", embed)
+        assert isinstance(found, Hit) and found.path == "exact" and vector is None and not calls
+        found, vector = await cache.lookup(ns, "Which city is the capital of France?", embed)
+        assert isinstance(found, Hit) and found.path == "semantic" and vector is not None
+        assert calls == [1]
 
 
 async def test_changed_number_is_vetoed_not_served(embedder: Embedder) -> None:
-    cache, ns = make_cache(embedder, similarity_threshold=0.8), scope(embedder)
-    await put(cache, embedder, ns, "What is 15% of 80?")
-    query = "What is 15% of 90?"
-    miss = cache.semantic(ns, query, await embedder.embed(query))
-    assert isinstance(miss, Miss) and miss.reason == "guard:numbers"
-    assert miss.best_similarity is not None and miss.best_similarity >= 0.8
+    ns = scope(embedder)
+    async with make_cache(similarity_threshold=0.8) as cache:
+        await put(cache, embedder, ns, "What is 15% of 80?")
+        miss = await semantic(cache, embedder, ns, "What is 15% of 90?")
+        assert isinstance(miss, Miss) and miss.reason == "guard:numbers"
+        assert miss.best_similarity is not None and miss.best_similarity >= 0.8
+        assert (await cache.stats()).counters.guard_rejections == {"numbers": 1}
 
 
 async def test_namespaces_do_not_leak(embedder: Embedder) -> None:
-    cache = make_cache(embedder)
     tenant_a, tenant_b = scope(embedder, "a"), scope(embedder, "b")
     prompt = "What is the capital of France?"
-    await put(cache, embedder, tenant_a, prompt)
-    assert cache.exact(tenant_b, prompt) is None
-    assert cache.semantic(tenant_b, prompt, await embedder.embed(prompt)) == Miss("empty")
-    assert cache.invalidate(tenant_a) == 1
-    assert cache.exact(tenant_a, prompt) is None
+    async with make_cache() as cache:
+        await put(cache, embedder, tenant_a, prompt)
+        assert await cache.exact(tenant_b, prompt) is None
+        assert await semantic(cache, embedder, tenant_b, prompt) == Miss("empty")
+        assert await cache.invalidate("b") == 0
+        assert await cache.invalidate("a") == 1  # a tenant selects all of its namespaces
+        assert await cache.exact(tenant_a, prompt) is None
+        assert await semantic(cache, embedder, tenant_a, prompt) == Miss("empty")
 
 
 async def test_write_confidence_ttl_and_eviction(embedder: Embedder) -> None:
-    cache = make_cache(embedder, write_confidence=0.5, ttl_s=0.2, max_entries=2)
     ns = scope(embedder)
-    low = await embedder.embed("Name a fruit.")
-    assert cache.put(ns, "Name a fruit.", low, response="apple", model="small", tier="small",
-                     confidence=0.4) is None  # fmt: skip
-    assert cache.exact(ns, "Name a fruit.") is None
-    for prompt in ("Name a colour.", "Name an animal.", "Name a planet."):
-        await put(cache, embedder, ns, prompt)
-    assert cache.exact(ns, "Name a colour.") is None  # the oldest was evicted
-    colour = "Name a colour."
-    assert isinstance(cache.semantic(ns, colour, await embedder.embed(colour)), Miss)
-    assert cache.exact(ns, "Name a planet.") is not None
-    await asyncio.sleep(0.25)
-    assert cache.exact(ns, "Name a planet.") is None
+    async with make_cache(max_entries=2, write_confidence=0.5, ttl_s=0.3) as cache:
+        assert not await put(cache, embedder, ns, "Name a fruit.", confidence=0.4)
+        assert await cache.exact(ns, "Name a fruit.") is None
+        for prompt in ("Name a colour.", "Name an animal.", "Name a planet."):
+            assert await put(cache, embedder, ns, prompt)
+        assert await cache.exact(ns, "Name a colour.") is None  # the oldest was evicted
+        assert isinstance(await semantic(cache, embedder, ns, "Name a colour."), Miss)
+        assert not cache.contains(cache.entry(ns, "Name a colour.", await embedder.embed("x"),
+                                  response="", model="", tier="", confidence=1).id)  # fmt: skip
+        assert await cache.exact(ns, "Name a planet.") is not None
+        await asyncio.sleep(0.35)
+        assert await cache.exact(ns, "Name a planet.") is None
+        assert isinstance(await semantic(cache, embedder, ns, "Name a planet."), Miss)
+
+
+async def test_snapshot_keeps_the_cache_across_a_restart(
+    embedder: Embedder, tmp_path: Path
+) -> None:
+    ns, snapshot = scope(embedder), tmp_path / "cache.snapshot"
+    async with make_cache(snapshot=snapshot) as cache:
+        await put(cache, embedder, ns, "What is the capital of France?")
+    assert snapshot.stat().st_size > 0
+    async with make_cache(snapshot=snapshot) as cache:
+        hit = await semantic(cache, embedder, ns, "Which city is the capital of France?")
+        assert (
+            isinstance(hit, Hit)
+            and hit.entry.response == "answer to What is the capital of France?"
+        )
+    snapshot.write_bytes(b"not a snapshot")  # damaged: the cache starts empty, and says so
+    async with make_cache(snapshot=snapshot) as cache:
+        assert (await cache.stats()).indexed == 0
+    assert (tmp_path / "cache.snapshot.unreadable").read_bytes() == b"not a snapshot"
 
 
 async def test_vectors_of_another_model_are_refused(embedder: Embedder) -> None:
-    cache, ns = make_cache(embedder), scope(embedder)
-    foreign = Embedding((await embedder.embed("hi")).vector, "other-model:1")
-    with pytest.raises(ValueError, match="other-model:1"):
-        cache.semantic(ns, "hi", foreign)
+    ns = scope(embedder)
+    async with make_cache() as cache:
+        foreign = Embedding((await embedder.embed("hi")).vector, "other-model:1")
+        with pytest.raises(ValueError, match="other-model:1"):
+            await cache.semantic(ns, "hi", foreign)
 
 
 def test_cache_eval_command(tmp_path: Path) -> None:

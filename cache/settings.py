@@ -1,0 +1,62 @@
+"""The cache's part of the config."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+from cache.guards import GuardSettings
+
+Unit = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+Seconds = Annotated[float, msgspec.Meta(gt=0)]
+
+
+class MemoryStoreSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True,
+                          tag_field="kind", tag="memory"):  # fmt: skip
+    """In-process entries: the embedded default. One process only, nothing shared."""
+
+    max_entries: Annotated[int, msgspec.Meta(ge=1)] = 100_000
+    # Written on shutdown (and every ``snapshot_interval_s``) and read at start, so a
+    # restart keeps the cache. None: the cache starts empty each time.
+    snapshot: str | None = None
+    snapshot_interval_s: Seconds | None = 300.0
+
+
+class RedisStoreSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True,
+                         tag_field="kind", tag="redis"):  # fmt: skip
+    """Entries in Redis, shared by every replica; bounded by Redis's own maxmemory."""
+
+    url: str = "redis://127.0.0.1:6379/0"
+    # Every key starts with this, so one Redis can hold several deployments.
+    key_prefix: str = "satisfice"
+    # A command slower than this counts as an outage: the request goes on without
+    # the cache rather than waiting for it.
+    timeout_s: Seconds = 0.25
+    # While Redis is down, how often to try it again (requests in between bypass).
+    retry_interval_s: Seconds = 1.0
+    # Changes kept in the sync stream; a replica further behind than this rebuilds.
+    stream_max_len: Annotated[int, msgspec.Meta(ge=100)] = 100_000
+    max_connections: Annotated[int, msgspec.Meta(ge=1)] = 64
+
+
+StoreSettings = MemoryStoreSettings | RedisStoreSettings
+
+
+class CacheSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    exact: bool = True
+    semantic: bool = True
+    # Cosine similarity a cached prompt needs to be served for a new one.
+    similarity_threshold: Unit = 0.92
+    # Answers below this confidence are not stored.
+    write_confidence: Unit = 0.0
+    ttl_s: Seconds | None = 86_400.0
+    # Candidates above the threshold that the guards may examine, nearest first.
+    candidates: Annotated[int, msgspec.Meta(ge=1)] = 5
+    guards: GuardSettings = GuardSettings()
+    # Requests that ask for temperature > 0 want varied answers and bypass the cache;
+    # true serves and stores them too, in a namespace per temperature.
+    cache_sampled: bool = False
+    # Concurrent identical misses wait for one engine call instead of each making one.
+    coalesce: bool = True
+    store: StoreSettings = MemoryStoreSettings()

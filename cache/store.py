@@ -1,0 +1,80 @@
+"""The store contract: where cache entries live, and how replicas hear of changes.
+
+A store keeps entries (vectors included) durably enough for its kind; the vector
+index over them lives in each process and is rebuilt from ``entries()`` at start.
+Changes made through other processes sharing the store arrive on ``changes()`` so
+every process's index converges without a restart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+import msgspec
+
+from cache.entry import CacheEntry
+
+
+class StoreUnavailable(Exception):
+    """The store cannot be reached or answered too slowly; the caller bypasses it."""
+
+
+class Put(msgspec.Struct, frozen=True, tag="put"):
+    entry: CacheEntry
+
+
+class Deleted(msgspec.Struct, frozen=True, tag="delete"):
+    namespace: str
+    id: int
+
+
+class Invalidated(msgspec.Struct, frozen=True, tag="invalidate"):
+    namespace: str | None  # None: every namespace
+
+
+class Resync(msgspec.Struct, frozen=True, tag="resync"):
+    """Changes may have been missed (an outage, a trimmed stream): rebuild from
+    ``entries()``."""
+
+
+Change = Put | Deleted | Invalidated | Resync
+
+
+class StoreStats(msgspec.Struct, frozen=True, kw_only=True):
+    kind: str
+    entries: int
+    bytes: int | None = None  # memory the store reports for itself, when it can
+    available: bool = True
+
+
+class CacheStore(Protocol):
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def get(self, namespace: str, id_: int) -> CacheEntry | None:
+        """The live entry, or None if absent or expired."""
+        ...
+
+    async def get_many(self, namespace: str, ids: list[int]) -> list[CacheEntry | None]: ...
+
+    async def put(self, entries: list[CacheEntry]) -> list[CacheEntry]:
+        """Store (replacing by id); returns entries the store evicted to make room."""
+        ...
+
+    async def delete(self, namespace: str, id_: int) -> bool: ...
+
+    async def invalidate(self, namespace: str | None) -> int:
+        """Drop a namespace's entries (every entry when None); returns how many."""
+        ...
+
+    def entries(self) -> AsyncIterator[CacheEntry]:
+        """Every live entry, for rebuilding an index."""
+        ...
+
+    def changes(self) -> AsyncIterator[Change]:
+        """Changes made by other processes, for as long as the store is open."""
+        ...
+
+    async def stats(self) -> StoreStats: ...

@@ -1,0 +1,121 @@
+"""Admin endpoints for the cache: stats, invalidation and warm-up, behind the admin key."""
+
+from __future__ import annotations
+
+import hmac
+import os
+from typing import Any
+
+import msgspec
+from litestar import Request, get, post
+from litestar.connection import ASGIConnection
+from litestar.datastructures import State
+from litestar.handlers.base import BaseRouteHandler
+from litestar.openapi.datastructures import ResponseSpec
+
+from cache.semantic_cache import CacheStats, SemanticCache
+from cache.warmup import WarmupReport, warm
+from gateway.errors import APIError
+from gateway.openai_types import ErrorResponse
+from gateway.runtime import Runtime
+
+ADMIN_KEY_ENV = "SATISFICE_ADMIN_KEY"
+# A warm-up upload may be far larger than a chat request.
+MAX_WARMUP_BYTES = 256 * 1024 * 1024
+
+_ADMIN_ERRORS = {
+    401: ResponseSpec(ErrorResponse, description="No admin key, or a wrong one"),
+    403: ResponseSpec(ErrorResponse, description="Admin endpoints are closed in this config"),
+    404: ResponseSpec(ErrorResponse, description="This config has no cache"),
+}
+
+
+def admin_key(runtime: Runtime) -> str | None:
+    return runtime.config.server.admin_key or os.environ.get(ADMIN_KEY_ENV) or None
+
+
+def require_admin(
+    connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler
+) -> None:
+    runtime: Runtime = connection.app.state.runtime
+    expected = admin_key(runtime)
+    if expected is None:
+        raise APIError(
+            403,
+            f"admin endpoints are closed: set server.admin_key or {ADMIN_KEY_ENV}",
+            type="permission_error",
+            code="admin_closed",
+        )
+    given = connection.headers.get("authorization", "")
+    scheme, _, token = given.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), expected.encode()):
+        raise APIError(
+            401,
+            "an admin key is required: send it as 'Authorization: Bearer <key>'",
+            type="authentication_error",
+            code="invalid_admin_key",
+        )
+
+
+def _cache(state: State) -> SemanticCache:
+    runtime: Runtime = state.runtime
+    if runtime.cache is None:
+        raise APIError(404, "this config has no cache", code="cache_off")
+    if not runtime.ready:
+        raise APIError(503, "not ready", type="server_error", code="not_ready", retry_after_s=5)
+    return runtime.cache
+
+
+@get("/admin/cache/stats", guards=[require_admin], responses=_ADMIN_ERRORS)
+async def cache_stats(state: State) -> CacheStats:
+    return await _cache(state).stats()
+
+
+class Invalidate(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Exactly one of: a namespace selector ("tenant", "tenant:model" or a full key),
+    an entry id, or ``all: true``."""
+
+    namespace: str | None = None
+    id: int | None = None
+    all: bool = False
+
+
+class Invalidated(msgspec.Struct, frozen=True):
+    deleted: int
+
+
+@post("/admin/cache/invalidate", guards=[require_admin], status_code=200, responses=_ADMIN_ERRORS)
+async def cache_invalidate(data: Invalidate, state: State) -> Invalidated:
+    cache = _cache(state)
+    chosen = sum((data.namespace is not None, data.id is not None, data.all))
+    if chosen != 1:
+        raise APIError(400, "give exactly one of namespace, id or all: true", param="body")
+    if data.id is not None:
+        return Invalidated(int(await cache.delete(data.id)))
+    return Invalidated(await cache.invalidate(None if data.all else data.namespace))
+
+
+@post(
+    "/admin/cache/warmup",
+    guards=[require_admin],
+    status_code=200,
+    request_max_body_size=MAX_WARMUP_BYTES,
+    description='JSONL, one {"prompt", "response", ...} per line; ?tenant= picks the tenant.',
+    responses=_ADMIN_ERRORS,
+)
+async def cache_warmup(
+    state: State, request: Request[Any, Any, Any], tenant: str = "default"
+) -> WarmupReport:
+    cache = _cache(state)
+    runtime: Runtime = state.runtime
+    assert runtime.embedder is not None  # a cache always comes with the embedder
+    return await warm(
+        cache,
+        await request.body(),
+        tenant=tenant,
+        embed_many=runtime.embedder.embed_many,
+        embedding_model=runtime.embedder.fingerprint,
+    )
+
+
+ADMIN_HANDLERS = [cache_stats, cache_invalidate, cache_warmup]

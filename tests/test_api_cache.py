@@ -1,0 +1,250 @@
+"""The cache on the request path: a real gateway process, a real Redis, the openai client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import ROOT, free_port, stop, wait_until_ready
+
+ADMIN_KEY = "test-admin-key"
+
+
+def cache_gateway_config(redis_url: str, prefix: str) -> str:
+    return f"""
+server:
+  admin_key: {ADMIN_KEY}
+engines:
+  small:
+    backend: llama_cpp
+    model: smollm2-135m-instruct
+    queue_size: 32
+cache:
+  store:
+    kind: redis
+    url: {redis_url}
+    key_prefix: {prefix}
+    retry_interval_s: 0.2
+"""
+
+
+def start_gateway(config_text: str, directory: Path) -> tuple[str, subprocess.Popen[bytes]]:
+    config = directory / f"satisfice-{uuid.uuid4().hex[:6]}.yaml"
+    config.write_text(config_text)
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config),
+         "--port", str(port)],
+        cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_ready(f"{url}/readyz", process)
+    except BaseException:
+        stop(process)
+        raise
+    return url, process
+
+
+@pytest.fixture(scope="module")
+def cached_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    prefix = f"satisfice-test-{uuid.uuid4().hex[:8]}"
+    config = cache_gateway_config("redis://127.0.0.1:6379/0", prefix)
+    url, process = start_gateway(config, tmp_path_factory.mktemp("cached"))
+    try:
+        yield url
+    finally:
+        stop(process)
+        scan = ["redis-cli", "--scan", "--pattern", f"{prefix}:*"]
+        keys = subprocess.run(scan, capture_output=True, text=True, check=False).stdout.split()
+        if keys:
+            subprocess.run(["redis-cli", "unlink", *keys], capture_output=True, check=False)
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+
+# Only whole answers are cached; the first sentence makes a whole answer quickly.
+FIRST_SENTENCE = {"max_tokens": 48, "temperature": 0, "stop": [".", "\n"]}
+
+
+def ask(url: str, prompt: str, **extra: object) -> tuple[str, dict[str, str]]:
+    """The answer and the response headers; waits for the write-back of a miss."""
+    raw = client(url).chat.completions.with_raw_response.create(
+        model="small",
+        messages=[{"role": "user", "content": prompt}],
+        **{**FIRST_SENTENCE, **extra},  # type: ignore[arg-type]
+    )
+    if raw.headers["x-satisfice-cache"] == "miss":
+        time.sleep(0.2)  # the answer is stored after the response has gone
+    return raw.parse().choices[0].message.content or "", dict(raw.headers)
+
+
+def admin(url: str) -> httpx.Client:
+    return httpx.Client(base_url=url, headers={"authorization": f"Bearer {ADMIN_KEY}"})
+
+
+def unique(question: str) -> str:
+    # Every test asks its own questions: the module's gateway keeps what it caches.
+    return f"{question} (case {uuid.uuid4().hex[:6]})"
+
+
+def test_exact_and_semantic_hits_serve_the_first_answer(cached_url: str) -> None:
+    prompt = "What is the boiling point of water at sea level?"
+    first, headers = ask(cached_url, prompt)
+    assert headers["x-satisfice-cache"] == "miss"
+    again, headers = ask(cached_url, "what is the boiling point of  water at sea level")
+    assert headers["x-satisfice-cache"] == "exact" and again == first
+    paraphrase, headers = ask(cached_url, "Tell me the boiling point of water at sea level.")
+    assert headers["x-satisfice-cache"] == "semantic" and paraphrase == first
+    assert float(headers["x-satisfice-cache-similarity"]) >= 0.92
+
+    stream = client(cached_url).chat.completions.create(
+        model="small", messages=[{"role": "user", "content": prompt}], **FIRST_SENTENCE,
+        stream=True, stream_options={"include_usage": True},
+    )  # fmt: skip
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == first
+    assert chunks[-1].usage is not None
+
+
+def test_near_misses_and_sampled_requests_are_not_served(cached_url: str) -> None:
+    ask(cached_url, "What is 15% of 80?")
+    _, headers = ask(cached_url, "What is 15% of 90?")
+    assert headers["x-satisfice-cache"] == "miss"
+    _, headers = ask(cached_url, "What is 15% of 80?", temperature=0.8)
+    assert headers["x-satisfice-cache"] == "bypass"
+
+
+def test_headers_bypass_lookup_and_storing(cached_url: str) -> None:
+    prompt = unique("Name a primary colour.")
+    _, headers = ask(cached_url, prompt, extra_headers={"x-satisfice-cache": "no-store"})
+    assert headers["x-satisfice-cache"] == "miss"
+    _, headers = ask(cached_url, prompt)
+    assert headers["x-satisfice-cache"] == "miss"  # the first answer was not kept
+    _, headers = ask(cached_url, prompt, extra_headers={"x-satisfice-cache": "bypass"})
+    assert headers["x-satisfice-cache"] == "bypass"
+    _, headers = ask(cached_url, prompt, extra_headers={"cache-control": "no-cache"})
+    assert headers["x-satisfice-cache"] == "bypass"
+    _, headers = ask(cached_url, prompt)
+    assert headers["x-satisfice-cache"] == "exact"
+
+    with pytest.raises(openai.BadRequestError) as error:
+        ask(cached_url, prompt, extra_headers={"x-satisfice-cache": "sometimes"})
+    assert error.value.body["param"] == "x-satisfice-cache"  # type: ignore[index]
+    assert "sometimes" in error.value.body["message"]  # type: ignore[index]
+
+
+async def test_concurrent_identical_misses_share_one_engine_call(cached_url: str) -> None:
+    prompt = unique("Write one sentence about the sea.")
+    async with openai.AsyncOpenAI(base_url=f"{cached_url}/v1", api_key="unused") as aclient:
+
+        async def one() -> tuple[str, str]:
+            raw = await aclient.chat.completions.with_raw_response.create(
+                model="small", messages=[{"role": "user", "content": prompt}],
+                **FIRST_SENTENCE,
+            )  # fmt: skip
+            return raw.parse().choices[0].message.content or "", raw.headers["x-satisfice-cache"]
+
+        answers = await asyncio.gather(*(one() for _ in range(6)))
+    assert sorted(source for _, source in answers).count("miss") == 1
+    assert {source for _, source in answers} <= {"miss", "coalesced", "exact"}
+    assert len({text for text, _ in answers}) == 1
+
+
+def test_admin_endpoints_need_the_key(cached_url: str) -> None:
+    anonymous = httpx.get(f"{cached_url}/admin/cache/stats")
+    assert anonymous.status_code == 401
+    assert anonymous.json()["error"]["code"] == "invalid_admin_key"
+    wrong = httpx.get(f"{cached_url}/admin/cache/stats", headers={"authorization": "Bearer no"})
+    assert wrong.status_code == 401
+    with admin(cached_url) as http:
+        stats = http.get("/admin/cache/stats").json()
+    assert stats["store"]["kind"] == "redis" and stats["store"]["available"]
+
+
+def test_warmup_invalidate_through_admin_endpoints(cached_url: str) -> None:
+    tenant_prompt = unique("What is the chemical symbol for gold?")
+    lines = [
+        json.dumps({"prompt": tenant_prompt, "response": "Au", "model": "small"}),
+        "not json",
+        json.dumps({"prompt": "missing a response", "model": "small"}),
+    ]
+    body = "\n".join(lines).encode()
+    with admin(cached_url) as http:
+        report = http.post("/admin/cache/warmup", content=body).json()
+        assert report["lines"] == 3 and report["added"] == 1 and report["bad"] == 2
+        assert [e["line"] for e in report["errors"]] == [2, 3]
+        again = http.post("/admin/cache/warmup", content=body).json()
+        assert again["added"] == 0 and again["replaced"] == 1  # idempotent
+
+        # Warmed answers serve requests without sampling settings of their own.
+        answer, headers = ask(cached_url, tenant_prompt, stop=openai.NOT_GIVEN)
+        assert answer == "Au" and headers["x-satisfice-cache"] == "exact"
+
+        bad = http.post("/admin/cache/invalidate", json={"namespace": "x", "all": True})
+        assert bad.status_code == 400 and "exactly one" in bad.json()["error"]["message"]
+        deleted = http.post("/admin/cache/invalidate", json={"namespace": "default:small"})
+        assert deleted.status_code == 200 and deleted.json()["deleted"] >= 1
+    _, headers = ask(cached_url, tenant_prompt, stop=openai.NOT_GIVEN)
+    assert headers["x-satisfice-cache"] == "miss"
+
+
+def spare_redis(port: int, directory: Path) -> subprocess.Popen[bytes]:
+    process = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(directory)],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    for _ in range(100):
+        ping = subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True,
+                              text=True, check=False)  # fmt: skip
+        if ping.stdout.strip() == "PONG":
+            return process
+        time.sleep(0.05)
+    raise TimeoutError("redis-server did not start")
+
+
+def test_gateway_answers_through_a_redis_outage(tmp_path: Path) -> None:
+    redis_port = free_port()
+    redis = spare_redis(redis_port, tmp_path)
+    url, gateway = start_gateway(
+        cache_gateway_config(f"redis://127.0.0.1:{redis_port}/0", "outage"), tmp_path
+    )
+    try:
+        _, headers = ask(url, "What colour is the sky on a clear day?")
+        assert headers["x-satisfice-cache"] == "miss"
+        _, headers = ask(url, "What colour is the sky on a clear day?")
+        assert headers["x-satisfice-cache"] == "exact"
+
+        redis.kill()
+        redis.wait()
+        for _ in range(3):  # still answered, from the engine
+            answer, headers = ask(url, "What colour is the sky on a clear day?")
+            assert answer and headers["x-satisfice-cache"] == "miss"
+        with admin(url) as http:
+            stats = http.get("/admin/cache/stats").json()
+        assert stats["store"]["available"] is False
+        assert stats["counters"]["store_unavailable"] >= 3
+
+        redis = spare_redis(redis_port, tmp_path)  # back, empty (no persistence)
+        time.sleep(0.5)
+        ask(url, "What colour is grass?")
+        _, headers = ask(url, "What colour is grass?")
+        assert headers["x-satisfice-cache"] == "exact"
+    finally:
+        stop(gateway)
+        redis.kill()
+        redis.wait()
