@@ -1,0 +1,681 @@
+"""The Redis store: entries shared by every replica, changes announced on a stream.
+
+Layout under ``key_prefix`` (P below):
+
+- ``P:{<namespace>}:<id>``: one hash per entry, a field per ``CacheEntry`` field
+  (numbers as decimal text, the vector as raw bytes, ``expires_at`` absent when None),
+  expiring through Redis's own expiry. The namespace in braces is a Redis Cluster hash
+  tag, so a namespace's entries share a slot.
+- ``P:changes``: a stream on which every put, delete and invalidation is announced
+  (``origin``: the announcing store, ``change``: the msgpack-encoded ``Change``), so
+  each replica's vector index follows the others without a restart.
+
+Redis speeds requests up and must never stop one: every round trip is bounded by
+``timeout_s``, and once Redis fails to answer, calls are refused at once (no network)
+for ``retry_interval_s`` before the next one tries again. An outage is logged once
+when it begins and once when it ends, and the change follower asks for a rebuild
+afterwards, since it may have missed changes in between.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import re
+import secrets
+import time
+import types
+import typing
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, Final, TypeVar
+from urllib.parse import urlsplit
+
+import msgspec
+from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ReadOnlyError, RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from cache.entry import CacheEntry
+from cache.settings import RedisStoreSettings
+from cache.store import (
+    Change,
+    Deleted,
+    Invalidated,
+    Put,
+    Resync,
+    StoreStats,
+    StoreUnavailable,
+)
+
+log = logging.getLogger("satisfice.cache")
+
+T = TypeVar("T")
+
+# How long one XREAD waits for news before the follower checks the stream again;
+# the reader's socket timeout is this plus ``timeout_s``.
+_BLOCK_S: Final = 1.0
+# Keys per SCAN round trip (and entries per pipelined HGETALL), events per XREAD.
+_BATCH: Final = 500
+# Errors that mean Redis cannot serve us now, rather than refusing one command. A
+# read-only replica (after a failover) cannot take writes until clients move on.
+_UNREACHABLE: Final = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, OSError)
+# Corrupt keys remembered so that each is logged once, up to this many.
+_CORRUPT_LOGGED_MAX: Final = 1000
+
+_INT = re.compile(rb"-?[0-9]+")
+_FLOAT = re.compile(rb"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+_KEY_ID = re.compile(r"-?[0-9]+")
+# Special to Redis's MATCH glob. Braces are literal to it; they are escaped anyway,
+# which costs nothing and keeps the hash-tag braces safe whatever the glob dialect.
+_GLOB_SPECIAL: Final = frozenset("\\*?[]{}")
+
+
+class _Field(msgspec.Struct, frozen=True):
+    """How one ``CacheEntry`` field is kept in the entry's hash."""
+
+    name: bytes
+    kind: type  # int, float, str or bytes
+    optional: bool  # None is kept as an absent field
+
+
+def _entry_fields() -> tuple[_Field, ...]:
+    """Derived from ``CacheEntry`` itself, so a field added there is stored too (and
+    one of a type the hash cannot hold fails here, at import, not at the first put)."""
+    fields = []
+    for info in msgspec.structs.fields(CacheEntry):
+        kind, optional = info.type, False
+        if typing.get_origin(kind) in (types.UnionType, typing.Union):
+            args = typing.get_args(kind)
+            rest = [a for a in args if a is not type(None)]
+            kind, optional = (rest[0] if len(rest) == 1 else None), len(rest) < len(args)
+        # A required field that may be None could not be told from a missing one.
+        if kind not in (int, float, str, bytes) or (optional and info.required):
+            raise TypeError(f"CacheEntry.{info.name}: {info.type} cannot be kept in a hash")
+        fields.append(_Field(info.name.encode(), kind, optional))
+    return tuple(fields)
+
+
+_FIELDS: Final = _entry_fields()
+_FIELDS_BY_NAME: Final = {f.name: f for f in _FIELDS}
+
+
+def _encode_value(value: object) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return repr(value).encode()  # repr: the shortest text that reads back exactly
+    raise TypeError(f"cannot keep {type(value).__name__} in a hash field")
+
+
+def _encode_entry(entry: CacheEntry) -> dict[bytes, bytes]:
+    values = ((f.name, getattr(entry, f.name.decode())) for f in _FIELDS)
+    return {name: _encode_value(value) for name, value in values if value is not None}
+
+
+def _decode_value(kind: type, raw: bytes) -> object:
+    """Strictly: ``int()`` and ``float()`` alone would take spaces, underscores, nan,
+    and a number too large for a float becomes inf."""
+    if kind is bytes:
+        return raw
+    if kind is str:
+        return raw.decode()
+    if kind is int and _INT.fullmatch(raw):
+        return int(raw)
+    if kind is float and _FLOAT.fullmatch(raw) and math.isfinite(number := float(raw)):
+        return number
+    raise ValueError(f"{raw[:40]!r} is not a {kind.__name__}")
+
+
+def _decode_entry(raw: Mapping[bytes, bytes]) -> CacheEntry:
+    """The entry a hash holds; ValueError or msgspec.ValidationError if it holds
+    anything else."""
+    values: dict[str, object] = {}
+    for name, value in raw.items():
+        field = _FIELDS_BY_NAME.get(name)
+        if field is None:
+            raise ValueError(f"unknown field {name[:40]!r}")
+        values[field.name.decode()] = _decode_value(field.kind, value)
+    return msgspec.convert(values, CacheEntry)  # missing required fields raise here
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in _GLOB_SPECIAL else c for c in text)
+
+
+class _StreamId(msgspec.Struct, frozen=True, order=True):
+    """A stream entry id, ordered as Redis orders them."""
+
+    ms: int
+    seq: int
+
+    @classmethod
+    def parse(cls, raw: bytes | str) -> _StreamId:
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        ms, _, seq = text.partition("-")
+        return cls(int(ms), int(seq or 0))
+
+    def __str__(self) -> str:
+        return f"{self.ms}-{self.seq}"
+
+
+_STREAM_START: Final = _StreamId(0, 0)
+
+
+class _StreamState(msgspec.Struct, frozen=True, kw_only=True):
+    last_id: _StreamId  # the last id ever generated, even if since trimmed
+    first_id: _StreamId | None  # None: the stream is empty
+    added: int | None  # entries ever added, trimmed ones included; None before Redis 7.0
+
+
+class _Event(msgspec.Struct, frozen=True):
+    id: _StreamId
+    fields: dict[bytes, bytes]
+
+
+def _stream_state(info: Mapping[str, Any]) -> _StreamState:
+    first = info.get("first-entry")
+    added = info.get("entries-added")
+    return _StreamState(
+        last_id=_StreamId.parse(info["last-generated-id"]),
+        first_id=None if not first else _StreamId.parse(first[0]),
+        added=None if added is None else int(added),
+    )
+
+
+class RedisStore:
+    """Entries in Redis, shared by every replica; bounded by Redis's maxmemory."""
+
+    def __init__(self, settings: RedisStoreSettings) -> None:
+        self.settings = settings
+        # For metrics: outages begun, and calls refused or failed because of them.
+        self.outages = 0
+        self.unavailable_calls = 0
+        self._prefix = settings.key_prefix
+        self._stream = f"{settings.key_prefix}:changes"
+        self._entries_pattern = _glob_escape(f"{settings.key_prefix}:{{") + "*"
+        # Tells this store's own announcements apart on the shared stream.
+        self._origin = secrets.token_hex(8).encode()
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder = msgspec.msgpack.Decoder(Change)
+        url = urlsplit(settings.url)  # for log lines: host and port, never the password
+        self._where = f"{url.hostname}:{url.port or 6379}" if url.hostname else url.path
+        # No retries inside redis-py: a retry would spend the request's time budget,
+        # and the breaker below decides when Redis is worth trying again.
+        common: dict[str, Any] = {
+            "socket_connect_timeout": settings.timeout_s,
+            "retry": Retry(NoBackoff(), 0),
+            "protocol": 2,  # the reply shapes parsed below are RESP2's
+        }
+        # A blocking pool: a burst beyond max_connections waits (within timeout_s)
+        # for a connection instead of failing as if Redis were down.
+        self._redis = Redis.from_pool(
+            BlockingConnectionPool.from_url(
+                settings.url,
+                max_connections=settings.max_connections,
+                timeout=settings.timeout_s,
+                socket_timeout=settings.timeout_s,
+                **common,
+            )
+        )
+        # The change follower's own connection: its XREAD blocks for _BLOCK_S, which
+        # must neither hold a pooled connection requests need nor trip their timeout.
+        # Two: the next read may start while a cancelled one is still letting go.
+        self._reader = Redis.from_pool(
+            ConnectionPool.from_url(
+                settings.url,
+                max_connections=2,
+                socket_timeout=_BLOCK_S + settings.timeout_s,
+                **common,
+            )
+        )
+        self._closed = asyncio.Event()
+        self._step_in_flight: asyncio.Task[Any] | None = None
+        # Where the change follower reads from, and how many entries the stream had
+        # had by then (Redis >= 7.0). None: unknown (start() could not reach Redis),
+        # so the follower starts with a Resync.
+        self._position: _StreamId | None = None
+        self._added: int | None = None
+        # Breaker state: while _down, callers are refused until _retry_at.
+        self._down = False
+        self._down_since = 0.0
+        self._retry_at = 0.0
+        self._calls_at_outage = 0
+        self._resync_needed = False  # an outage happened; the follower owes a Resync
+        self._last_refusal = ""
+        self._corrupt_logged: set[bytes] = set()
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Note the change stream's position before the caller rebuilds from
+        ``entries()``, so that no change made during the rebuild is missed. Never
+        raises for an unreachable Redis: the gateway starts without the cache."""
+        try:
+            state = await self._call(self._read_stream_state)
+        except StoreUnavailable:
+            return  # logged as an outage; the follower resyncs once Redis answers
+        self._restart_at(state)
+
+    async def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        step = self._step_in_flight
+        if step is not None:  # the follower's step: it lets go of its connection first
+            step.cancel()
+            await asyncio.wait((step,))
+        await self._reader.aclose()
+        await self._redis.aclose()
+
+    # -- entries --------------------------------------------------------------------
+
+    async def get(self, namespace: str, id_: int) -> CacheEntry | None:
+        key = self._key(namespace, id_)
+        (raw,) = await self._hgetall([key])
+        return self._entry(key, raw, namespace, id_)
+
+    async def get_many(self, namespace: str, ids: list[int]) -> list[CacheEntry | None]:
+        if not ids:
+            return []
+        keys = [self._key(namespace, id_) for id_ in ids]
+        raws = await self._hgetall(keys)
+        return [
+            self._entry(key, raw, namespace, id_)
+            for key, raw, id_ in zip(keys, raws, ids, strict=True)
+        ]
+
+    async def put(self, entries: list[CacheEntry]) -> list[CacheEntry]:
+        """Store and announce the entries in one transaction; Redis evicts by its own
+        maxmemory policy, so nothing is returned as evicted."""
+        now = time.time()
+        live = [e for e in entries if not e.expired(now)]
+        if not live:
+            return []
+
+        async def write(redis: Redis) -> None:
+            async with redis.pipeline(transaction=True) as pipe:
+                for entry in live:
+                    key = self._key(entry.namespace, entry.id)
+                    # HSET alone would keep fields the new entry lacks (expires_at).
+                    pipe.unlink(key)
+                    pipe.hset(key, mapping=_encode_entry(entry))  # type: ignore[arg-type]
+                    if entry.expires_at is not None:
+                        pipe.pexpireat(key, int(entry.expires_at * 1000))
+                    self._announce(pipe, Put(entry))
+                await pipe.execute()
+
+        await self._call(write)
+        return []
+
+    async def delete(self, namespace: str, id_: int) -> bool:
+        key = self._key(namespace, id_)
+
+        async def unlink(redis: Redis) -> bool:
+            async with redis.pipeline(transaction=True) as pipe:
+                pipe.unlink(key)
+                self._announce(pipe, Deleted(namespace, id_))
+                removed, _ = await pipe.execute()
+            return int(removed) > 0
+
+        return await self._call(unlink)
+
+    async def invalidate(self, namespace: str | None) -> int:
+        if namespace is None:
+            pattern = self._entries_pattern
+        else:
+            pattern = _glob_escape(f"{self._prefix}:{{{namespace}}}:") + "*"
+        dropped = 0
+        async for keys in self._scan(pattern):
+            # The glob's trailing * would also take a namespace that merely starts
+            # with this one followed by "}:"; the parsed key decides.
+            doomed = [
+                key
+                for key in keys
+                if (where := self._parse_key(key)) is not None
+                and (namespace is None or where[0] == namespace)
+            ]
+            if doomed:
+                dropped += await self._unlink(doomed)
+        await self._call(lambda redis: self._announce(redis, Invalidated(namespace)))
+        return dropped
+
+    async def entries(self) -> AsyncIterator[CacheEntry]:
+        async for keys in self._scan(self._entries_pattern):
+            located: list[tuple[bytes, tuple[str, int]]] = []
+            for key in keys:
+                where = self._parse_key(key)
+                if where is None:
+                    self._corrupt(key, "not an entry key")
+                else:
+                    located.append((key, where))
+            raws = await self._hgetall([key for key, _ in located])
+            for (key, (namespace, id_)), raw in zip(located, raws, strict=True):
+                entry = self._entry(key, raw, namespace, id_)
+                if entry is not None:
+                    yield entry
+
+    async def stats(self) -> StoreStats:
+        try:
+            count = 0
+            async for keys in self._scan(self._entries_pattern):
+                count += sum(self._parse_key(key) is not None for key in keys)
+            memory = await self._call(lambda redis: redis.info("memory"))
+        except StoreUnavailable:
+            return StoreStats(kind="redis", entries=0, available=False)
+        used = memory.get("used_memory")
+        return StoreStats(
+            kind="redis", entries=count, bytes=used if isinstance(used, int) else None
+        )
+
+    # -- changes from other replicas ------------------------------------------------
+
+    async def changes(self) -> AsyncIterator[Change]:
+        """What other stores announce, from the position noted at ``start()``, until
+        ``close()``. Survives outages: after one it yields ``Resync()``, as it does
+        when the stream was trimmed past its position or lost by Redis. One consumer
+        at a time: the position is the store's."""
+        while True:
+            try:
+                # Raced against close(), which would otherwise wait out a blocked XREAD.
+                batch = await self._unless_closed(self._next_changes())
+            except StoreUnavailable:
+                if not await self._pause(self.settings.retry_interval_s):
+                    return
+                continue
+            if batch is None:
+                return
+            for change in batch:
+                yield change
+
+    async def _next_changes(self) -> list[Change]:
+        if self._down:  # wait for the breaker, as callers do
+            await self._pause(self._retry_at - time.monotonic())
+        if self._position is None or self._resync_needed:
+            # Doubles as the probe that ends an outage for the follower.
+            state = await self._call(self._read_stream_state, reader=True)
+            self._resync_needed = False
+            return [self._restart_at(state)]
+        position = self._position
+        reply = await self._call(
+            lambda redis: self._xread(redis, position),
+            reader=True,
+            timeout_s=_BLOCK_S + self.settings.timeout_s,
+        )
+        events = [
+            _Event(_StreamId.parse(event_id), fields or {})
+            for _, stream_events in reply
+            for event_id, fields in stream_events
+        ]
+        # Read after the events, so that it describes at least what they came from.
+        state = await self._call(self._read_stream_state, reader=True)
+        reached = events[-1].id if events else position
+        added = None if self._added is None else self._added + len(events)
+        lost = self._lost(position, reached, added, state)
+        if lost:
+            log.warning("cache change stream %s %s: rebuilding the index", self._stream, lost)
+            return [self._restart_at(state)]
+        self._position, self._added = reached, added
+        return self._decode(events)
+
+    def _restart_at(self, state: _StreamState | None) -> Resync:
+        """Follow from the stream's end as it is now: what came before is in what the
+        consumer rebuilds from, which it reads after this."""
+        if state is None:  # no stream yet: it will count from its first change
+            self._position, self._added = _STREAM_START, 0
+        else:
+            self._position, self._added = state.last_id, state.added
+        return Resync()
+
+    @staticmethod
+    def _lost(
+        position: _StreamId, reached: _StreamId, added: int | None, state: _StreamState | None
+    ) -> str | None:
+        """Why changes after ``position`` may be missing from what was read (up to
+        ``reached``, the stream having had ``added`` entries by then), if they may."""
+        if state is None:
+            return "is gone" if reached > _STREAM_START else None
+        # Redis counts every entry ever added: fewer than we have counted means a new
+        # stream under the old key.
+        had = state.added
+        if state.last_id < reached or (had is not None and added is not None and had < added):
+            return "was re-created (flushed, or lost by Redis)"
+        # Trimming drops the oldest entries (MAXLEN ~ whole nodes of them): if even our
+        # position is gone, we are that far behind. (Redis's max-deleted id would be
+        # exact, but it follows XDEL only, not trimming.)
+        if position > _STREAM_START and state.first_id is not None and state.first_id > position:
+            return "was trimmed past our position"
+        # Read to the end, yet a different count: some went before we read them.
+        if had is not None and added is not None and state.last_id == reached and had != added:
+            return "lost changes we had not read"
+        return None
+
+    def _decode(self, events: list[_Event]) -> list[Change]:
+        changes: list[Change] = []
+        for event in events:
+            if event.fields.get(b"origin") == self._origin:
+                continue
+            try:
+                change = self._decoder.decode(event.fields[b"change"])
+            except (KeyError, msgspec.DecodeError) as exc:
+                # A change we cannot read is one we cannot apply: rebuild instead.
+                log.warning("undecodable cache change %s (%s): rebuilding", event.id, exc)
+                change = Resync()
+            if not (isinstance(change, Resync) and changes and changes[-1] == change):
+                changes.append(change)
+        return changes
+
+    async def _xread(self, redis: Redis, position: _StreamId) -> Any:
+        block_ms = int(_BLOCK_S * 1000)
+        return await redis.xread({self._stream: str(position)}, _BATCH, block_ms)
+
+    async def _read_stream_state(self, redis: Redis) -> _StreamState | None:
+        try:
+            info = await redis.xinfo_stream(self._stream)
+        except ResponseError as exc:
+            if "no such key" in str(exc).lower():
+                return None
+            raise
+        return _stream_state(info)
+
+    def _announce(self, redis: Redis, change: Change) -> Awaitable[Any]:
+        fields: dict[str, bytes] = {"origin": self._origin, "change": self._encoder.encode(change)}
+        return redis.xadd(
+            self._stream,
+            fields,  # type: ignore[arg-type]
+            maxlen=self.settings.stream_max_len,
+            approximate=True,
+        )
+
+    # -- round trips and the breaker ------------------------------------------------
+
+    async def _call(
+        self,
+        op: Callable[[Redis], Awaitable[T]],
+        *,
+        reader: bool = False,
+        timeout_s: float | None = None,
+    ) -> T:
+        """One round trip, bounded by ``timeout_s`` (default: the settings'). Callers'
+        calls are refused without touching the network while the breaker is open; the
+        follower's (``reader``: on its own connection) wait for it instead."""
+        if not reader:
+            if self._closed.is_set():
+                self.unavailable_calls += 1
+                raise StoreUnavailable("the Redis store is closed")
+            if self._down and time.monotonic() < self._retry_at:
+                self.unavailable_calls += 1
+                raise StoreUnavailable(f"Redis at {self._where} is unavailable")
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(timeout_s or self.settings.timeout_s):
+                result = await op(self._reader if reader else self._redis)
+        except _UNREACHABLE as exc:
+            self._unreachable(exc, counted=not reader)
+            raise StoreUnavailable(f"Redis at {self._where} is unavailable: {exc}") from exc
+        except RedisError as exc:
+            self._refused(exc, counted=not reader)
+            raise StoreUnavailable(f"Redis refused a command: {exc}") from exc
+        self._answered(started)
+        return result
+
+    def _unreachable(self, exc: BaseException, *, counted: bool) -> None:
+        if self._closed.is_set():
+            return  # connections torn down by close(), not an outage
+        now = time.monotonic()
+        self._retry_at = now + self.settings.retry_interval_s
+        if counted:
+            self.unavailable_calls += 1
+        if self._down:
+            return
+        self._down, self._down_since, self._resync_needed = True, now, True
+        self._calls_at_outage = self.unavailable_calls - int(counted)
+        self.outages += 1
+        log.warning(
+            "Redis at %s is unavailable (%s: %s); the cache is bypassed, trying again every %.1fs",
+            self._where,
+            type(exc).__name__,
+            exc,
+            self.settings.retry_interval_s,
+        )
+
+    def _refused(self, exc: RedisError, *, counted: bool) -> None:
+        """Redis answered, with an error (out of memory, a wrong type): not an outage,
+        but the call goes on without the cache all the same."""
+        if self._closed.is_set():
+            return
+        if counted:
+            self.unavailable_calls += 1
+        message = f"{type(exc).__name__}: {exc}"
+        if message != self._last_refusal:  # once per kind of refusal, not per request
+            self._last_refusal = message
+            log.warning("Redis at %s refused a command: %s", self._where, message)
+
+    def _answered(self, started: float) -> None:
+        # A call sent before the outage began (the follower's blocking XREAD) says
+        # nothing about Redis now; one admitted since then does.
+        if self._down and started >= self._down_since:
+            self._down = False
+            log.info(
+                "Redis at %s answers again after %.1fs; %d calls bypassed it meanwhile",
+                self._where,
+                time.monotonic() - self._down_since,
+                self.unavailable_calls - self._calls_at_outage,
+            )
+
+    async def _pause(self, seconds: float) -> bool:
+        """Sleep, cut short by ``close()``; whether the store is still open."""
+        if seconds > 0:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(seconds):
+                    await self._closed.wait()
+        return not self._closed.is_set()
+
+    async def _unless_closed(self, work: Awaitable[T]) -> T | None:
+        """``work``'s result, or None once ``close()`` is called (``work`` is then
+        cancelled, and ``close()`` waits for it to let go of its connection)."""
+        task = asyncio.ensure_future(work)
+        self._step_in_flight = task
+        task.add_done_callback(self._step_done)
+        closing = asyncio.ensure_future(self._closed.wait())
+        try:
+            await asyncio.wait((task, closing), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closing.cancel()
+            if not task.done():
+                task.cancel()
+        if self._closed.is_set():
+            return None
+        return task.result()
+
+    def _step_done(self, task: asyncio.Task[Any]) -> None:
+        if self._step_in_flight is task:
+            self._step_in_flight = None
+        if not task.cancelled():
+            task.exception()  # retrieved here so a read abandoned at close() is not reported
+
+    # -- keys and hashes ------------------------------------------------------------
+
+    def _key(self, namespace: str, id_: int) -> str:
+        return f"{self._prefix}:{{{namespace}}}:{id_}"
+
+    def _parse_key(self, key: bytes) -> tuple[str, int] | None:
+        """(namespace, id) of an entry key; None for any other key. The id is the
+        text after the last "}:", so a namespace may hold any character."""
+        head = f"{self._prefix}:{{"
+        try:
+            text = key.decode()
+        except UnicodeDecodeError:
+            return None
+        if not text.startswith(head):
+            return None
+        namespace, sep, id_text = text[len(head) :].rpartition("}:")
+        if not sep or not _KEY_ID.fullmatch(id_text):
+            return None
+        return namespace, int(id_text)
+
+    async def _scan(self, pattern: str) -> AsyncIterator[list[bytes]]:
+        """Batches of the keys matching ``pattern``, each key once (SCAN may repeat
+        a key while Redis rehashes)."""
+        seen: set[bytes] = set()
+        cursor = 0
+        while True:
+            cursor, keys = await self._scan_once(cursor, pattern)
+            fresh = [key for key in keys if key not in seen]
+            seen.update(fresh)
+            if fresh:
+                yield fresh
+            if cursor == 0:
+                return
+
+    async def _scan_once(self, cursor: int, pattern: str) -> tuple[int, list[bytes]]:
+        reply = await self._call(lambda redis: redis.scan(cursor, match=pattern, count=_BATCH))
+        # Bytes, as the clients do not decode; typed either way by redis-py.
+        return int(reply[0]), [k if isinstance(k, bytes) else k.encode() for k in reply[1]]
+
+    async def _unlink(self, keys: list[bytes]) -> int:
+        return int(await self._call(lambda redis: redis.unlink(*keys)))
+
+    async def _hgetall(self, keys: list[str] | list[bytes]) -> list[Any]:
+        """Each key's hash (empty when absent), or the error Redis answered for it
+        (a key of another type): one pipelined round trip."""
+        if not keys:
+            return []
+
+        async def read(redis: Redis) -> list[Any]:
+            async with redis.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.hgetall(key)
+                return await pipe.execute(raise_on_error=False)
+
+        return await self._call(read)
+
+    def _entry(self, key: str | bytes, raw: Any, namespace: str, id_: int) -> CacheEntry | None:
+        """The live entry a hash holds; None, logged, for anything that is not one."""
+        if isinstance(raw, Exception):
+            self._corrupt(key, str(raw))
+            return None
+        if not raw:
+            return None
+        try:
+            entry = _decode_entry(raw)
+            if entry.namespace != namespace or entry.id != id_:
+                raise ValueError("its namespace or id does not match its key")
+        except (ValueError, msgspec.ValidationError) as exc:
+            self._corrupt(key, str(exc))
+            return None
+        return None if entry.expired() else entry
+
+    def _corrupt(self, key: str | bytes, why: str) -> None:
+        raw_key = key.encode() if isinstance(key, str) else key
+        if raw_key in self._corrupt_logged:
+            return
+        if len(self._corrupt_logged) < _CORRUPT_LOGGED_MAX:
+            self._corrupt_logged.add(raw_key)
+        log.warning("Redis key %r is not a cache entry, ignored: %s", raw_key[:200], why)
