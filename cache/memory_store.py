@@ -17,7 +17,7 @@ import msgspec
 
 from cache.entry import CacheEntry
 from cache.settings import MemoryStoreSettings
-from cache.store import Change, StoreStats
+from cache.store import Change, StoreStats, in_scope
 
 log = logging.getLogger("satisfice.cache")
 
@@ -113,7 +113,7 @@ class MemoryStore:
         doomed = [
             id_
             for id_, entry in self._entries.items()
-            if namespace is None or entry.namespace == namespace
+            if namespace is None or in_scope(entry.namespace, namespace)
         ]
         for id_ in doomed:
             del self._entries[id_]

@@ -50,6 +50,7 @@ from cache.store import (
     Resync,
     StoreStats,
     StoreUnavailable,
+    in_scope,
 )
 
 log = logging.getLogger("satisfice.cache")
@@ -330,16 +331,16 @@ class RedisStore:
         if namespace is None:
             pattern = self._entries_pattern
         else:
-            pattern = _glob_escape(f"{self._prefix}:{{{namespace}}}:") + "*"
+            pattern = _glob_escape(f"{self._prefix}:{{{namespace}") + "*"
         dropped = 0
         async for keys in self._scan(pattern):
-            # The glob's trailing * would also take a namespace that merely starts
-            # with this one followed by "}:"; the parsed key decides.
+            # The glob's trailing * also takes namespaces that merely start with the
+            # selector; the parsed key decides.
             doomed = [
                 key
                 for key in keys
                 if (where := self._parse_key(key)) is not None
-                and (namespace is None or where[0] == namespace)
+                and (namespace is None or in_scope(where[0], namespace))
             ]
             if doomed:
                 dropped += await self._unlink(doomed)

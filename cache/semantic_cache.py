@@ -36,6 +36,7 @@ from cache.store import (
     Resync,
     StoreStats,
     StoreUnavailable,
+    in_scope,
 )
 from router.embedder import Embedding
 from router.index import VectorIndex
@@ -87,12 +88,6 @@ class CacheStats(msgspec.Struct, frozen=True, kw_only=True):
     indexed: int
     namespaces: list[NamespaceStats]
     counters: CacheCounters
-
-
-def in_scope(namespace: str, selector: str) -> bool:
-    """Whether a namespace key falls under a selector: the key itself or a leading
-    part of it ("tenant" or "tenant:model")."""
-    return namespace == selector or namespace.startswith(selector + ":")
 
 
 class SemanticCache:
@@ -247,15 +242,19 @@ class SemanticCache:
             vector=pack_vector(embedding.vector),
         )
 
-    async def put(self, entries: list[CacheEntry]) -> list[CacheEntry]:
-        """Store the entries confident enough to keep; returns those stored."""
+    async def put(self, entries: list[CacheEntry], *, best_effort: bool = True) -> list[CacheEntry]:
+        """Store the entries confident enough to keep; returns those stored. Best
+        effort (a write-back) skips an unavailable store; otherwise it raises."""
         keep = [e for e in entries if e.confidence >= self.settings.write_confidence]
         self.counters.writes_below_confidence += len(entries) - len(keep)
         if not keep:
             return []
-        evicted = await self._guarded(self.store.put(keep))
-        if evicted is None:
-            return []
+        if best_effort:
+            evicted = await self._guarded(self.store.put(keep))
+            if evicted is None:
+                return []
+        else:
+            evicted = await self.store.put(keep)
         self.counters.writes += len(keep)
         if evicted:
             await self._unindex([e.id for e in evicted])
@@ -278,15 +277,8 @@ class SemanticCache:
     async def invalidate(self, selector: str | None) -> int:
         """Drop every entry under a namespace selector (see ``in_scope``), or every
         entry when None; returns how many the store dropped."""
-        if selector is None:
-            dropped = await self.store.invalidate(None)
-            await self._drop_namespaces(list(self._indexes))
-            return dropped
-        doomed = [ns for ns in self._indexes if in_scope(ns, selector)]
-        dropped = 0
-        for namespace in doomed:
-            dropped += await self.store.invalidate(namespace)
-        await self._drop_namespaces(doomed)
+        dropped = await self.store.invalidate(selector)
+        await self._drop_namespaces(selector)
         return dropped
 
     async def stats(self) -> CacheStats:
@@ -330,11 +322,11 @@ class SemanticCache:
             if index is not None:
                 await self._index(index.remove, np.array(group, dtype=np.int64))
 
-    async def _drop_namespaces(self, namespaces: list[str]) -> None:
-        dropped = set(namespaces)
-        for namespace in dropped:
-            self._indexes.pop(namespace, None)
-        self._indexed = {k: v for k, v in self._indexed.items() if v[0] not in dropped}
+    async def _drop_namespaces(self, selector: str | None) -> None:
+        doomed = {ns for ns in self._indexes if selector is None or in_scope(ns, selector)}
+        for namespace in doomed:
+            del self._indexes[namespace]
+        self._indexed = {k: v for k, v in self._indexed.items() if v[0] not in doomed}
 
     async def rebuild(self) -> None:
         """Re-create every index from the store's entries, then swap them in at once."""
@@ -357,10 +349,7 @@ class SemanticCache:
                 elif isinstance(change, Deleted):
                     await self._unindex([change.id])
                 elif isinstance(change, Invalidated):
-                    namespaces = list(self._indexes)
-                    if change.namespace is not None:
-                        namespaces = [change.namespace]
-                    await self._drop_namespaces(namespaces)
+                    await self._drop_namespaces(change.namespace)
                 elif isinstance(change, Resync):
                     self.counters.resyncs += 1
                     await self.rebuild()

@@ -16,6 +16,12 @@ import msgspec
 from cache.entry import CacheEntry
 
 
+def in_scope(namespace: str, selector: str) -> bool:
+    """Whether a namespace key falls under a selector: the key itself, or a leading
+    part of it ending at a separator ("tenant" or "tenant:model")."""
+    return namespace == selector or namespace.startswith(selector + ":")
+
+
 class StoreUnavailable(Exception):
     """The store cannot be reached or answered too slowly; the caller bypasses it."""
 
@@ -30,7 +36,7 @@ class Deleted(msgspec.Struct, frozen=True, tag="delete"):
 
 
 class Invalidated(msgspec.Struct, frozen=True, tag="invalidate"):
-    namespace: str | None  # None: every namespace
+    namespace: str | None  # a selector (see in_scope); None: every namespace
 
 
 class Resync(msgspec.Struct, frozen=True, tag="resync"):
@@ -66,7 +72,8 @@ class CacheStore(Protocol):
     async def delete(self, namespace: str, id_: int) -> bool: ...
 
     async def invalidate(self, namespace: str | None) -> int:
-        """Drop a namespace's entries (every entry when None); returns how many."""
+        """Drop the entries of every namespace in scope of the selector (see
+        ``in_scope``), or every entry when None; returns how many."""
         ...
 
     def entries(self) -> AsyncIterator[CacheEntry]:

@@ -137,7 +137,7 @@ async def warm(
                 confidence=line.confidence,
             )
             entries.append((entry, present))
-        stored = {e.id for e in await cache.put([e for e, _ in entries])}
+        stored = {e.id for e in await cache.put([e for e, _ in entries], best_effort=False)}
         for entry, present in entries:
             if entry.id not in stored:
                 report.skipped += 1

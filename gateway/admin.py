@@ -14,6 +14,7 @@ from litestar.handlers.base import BaseRouteHandler
 from litestar.openapi.datastructures import ResponseSpec
 
 from cache.semantic_cache import CacheStats, SemanticCache
+from cache.store import StoreUnavailable
 from cache.warmup import WarmupReport, warm
 from gateway.errors import APIError
 from gateway.openai_types import ErrorResponse
@@ -66,6 +67,16 @@ def _cache(state: State) -> SemanticCache:
     return runtime.cache
 
 
+def _unavailable(advice: str) -> APIError:
+    return APIError(
+        503,
+        f"the cache store is unavailable: {advice}",
+        type="server_error",
+        code="store_unavailable",
+        retry_after_s=1,
+    )
+
+
 @get("/admin/cache/stats", guards=[require_admin], responses=_ADMIN_ERRORS)
 async def cache_stats(state: State) -> CacheStats:
     return await _cache(state).stats()
@@ -90,9 +101,12 @@ async def cache_invalidate(data: Invalidate, state: State) -> Invalidated:
     chosen = sum((data.namespace is not None, data.id is not None, data.all))
     if chosen != 1:
         raise APIError(400, "give exactly one of namespace, id or all: true", param="body")
-    if data.id is not None:
-        return Invalidated(int(await cache.delete(data.id)))
-    return Invalidated(await cache.invalidate(None if data.all else data.namespace))
+    try:
+        if data.id is not None:
+            return Invalidated(int(await cache.delete(data.id)))
+        return Invalidated(await cache.invalidate(None if data.all else data.namespace))
+    except StoreUnavailable as exc:
+        raise _unavailable("retry the invalidation") from exc
 
 
 @post(
@@ -109,13 +123,16 @@ async def cache_warmup(
     cache = _cache(state)
     runtime: Runtime = state.runtime
     assert runtime.embedder is not None  # a cache always comes with the embedder
-    return await warm(
-        cache,
-        await request.body(),
-        tenant=tenant,
-        embed_many=runtime.embedder.embed_many,
-        embedding_model=runtime.embedder.fingerprint,
-    )
+    try:
+        return await warm(
+            cache,
+            await request.body(),
+            tenant=tenant,
+            embed_many=runtime.embedder.embed_many,
+            embedding_model=runtime.embedder.fingerprint,
+        )
+    except StoreUnavailable as exc:
+        raise _unavailable("warm-up stopped part-way; re-running it is safe") from exc
 
 
 ADMIN_HANDLERS = [cache_stats, cache_invalidate, cache_warmup]

@@ -1,0 +1,265 @@
+"""The cache at scale: warm-up throughput, hit latency through HTTP, memory per entry.
+
+One run, on 127.0.0.1 with a real Redis and a real `satisfice serve` process:
+  1. warm-up throughput: `warm()` (what `satisfice cache warmup` and the admin
+     endpoint run) against the embedder's raw batched throughput on the same
+     prompts, interleaved, as a ratio;
+  2. ENTRIES distinct Quora questions warmed into Redis (a fresh key prefix); Redis
+     memory before and after;
+  3. a gateway on that prefix (index rebuilt from Redis at start) and one on an
+     empty prefix: the difference in RSS is the process's memory for the entries;
+  4. hit latency at CLIENTS concurrent clients (each sends its next request when
+     its last one answers) and with one client: exact hits (warmed prompts, cased
+     differently) and semantic hits (warmed prompts reworded: "..., please?").
+The load generator shares the machine's cores with the gateway.
+
+    .venv/bin/python bench/cache_hit_path.py [--entries 100000] [--clients 32] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import msgspec
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from cache.redis_store import RedisStore  # noqa: E402
+from cache.semantic_cache import SemanticCache  # noqa: E402
+from cache.settings import CacheSettings, RedisStoreSettings  # noqa: E402
+from cache.warmup import BATCH, warm  # noqa: E402
+from router.embedder import Embedder, EmbedderSettings  # noqa: E402
+
+DATA = ROOT.parent / "shared" / "data"
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def questions(limit: int) -> list[str]:
+    """Distinct Quora questions, in file order."""
+    archive = DATA / "gptcache_qqp" / "similiar_qqp_full.json.gz"  # a gzipped tar
+    raw = subprocess.run(["tar", "xzOf", str(archive)], capture_output=True, check=True).stdout
+    seen: dict[str, None] = {}
+    for pair in json.loads(raw):
+        for text in (pair["text_a"], pair["text_b"]):
+            if isinstance(text, str) and 12 <= len(text.strip()) <= 300:
+                seen.setdefault(text.strip(), None)
+        if len(seen) >= limit:
+            break
+    return list(seen)[:limit]
+
+
+def warm_lines(prompts: list[str]) -> bytes:
+    return b"\n".join(
+        msgspec.json.encode({"prompt": p, "response": f"cached answer {i}", "model": "small"})
+        for i, p in enumerate(prompts)
+    )
+
+
+def reworded(prompt: str) -> str:
+    # Embeds above 0.92 for nearly every question and changes nothing a guard checks.
+    return prompt.rstrip("?").rstrip() + ", please?"
+
+
+async def open_cache(prefix: str) -> SemanticCache:
+    settings = CacheSettings(store=RedisStoreSettings(url=REDIS_URL, key_prefix=prefix))
+    cache = SemanticCache(settings, RedisStore(settings.store))  # type: ignore[arg-type]
+    await cache.start()
+    return cache
+
+
+async def warmup_ratio(embedder: Embedder, prompts: list[str], rounds: int) -> dict[str, float]:
+    """Prompts per second: raw batched embedding vs the whole warm-up, interleaved."""
+    raw_s, warm_s = [], []
+    data = warm_lines(prompts)
+    for _ in range(rounds):
+        started = time.perf_counter()
+        for start in range(0, len(prompts), BATCH):
+            await embedder.embed_many(prompts[start : start + BATCH])
+        raw_s.append(time.perf_counter() - started)
+
+        cache = await open_cache(f"bench-warm-{uuid.uuid4().hex[:8]}")
+        started = time.perf_counter()
+        await warm(
+            cache, data, tenant="bench", embed_many=embedder.embed_many,
+            embedding_model=embedder.fingerprint,
+        )  # fmt: skip
+        warm_s.append(time.perf_counter() - started)
+        await cache.invalidate(None)
+        await cache.close()
+    raw = len(prompts) / statistics.median(raw_s)
+    warmed = len(prompts) / statistics.median(warm_s)
+    return {"raw_per_s": raw, "warmup_per_s": warmed, "ratio": warmed / raw}
+
+
+def redis_used_bytes() -> int:
+    return int(redis.Redis.from_url(REDIS_URL).info("memory")["used_memory"])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+class Gateway:
+    def __init__(self, prefix: str, directory: Path) -> None:
+        self.port = free_port()
+        config = directory / f"{prefix}.yaml"
+        config.write_text(
+            "engines:\n  small: {backend: llama_cpp, model: smollm2-135m-instruct}\n"
+            f"cache:\n  store: {{kind: redis, url: '{REDIS_URL}', key_prefix: {prefix}}}\n"
+        )
+        self.started = time.perf_counter()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config),
+             "--port", str(self.port)],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self) -> float:
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError("gateway exited")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                    return time.perf_counter() - self.started
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+async def load(url: str, prompts: list[str], clients: int, requests: int) -> dict[str, object]:
+    """Closed-loop load: ``clients`` workers, each sending its next request when its
+    last one answers, until ``requests`` have been sent."""
+    latencies: list[float] = []
+    sources: dict[str, int] = {}
+    queue = iter(range(requests))
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=30) as http:
+
+        async def worker() -> None:
+            for i in queue:
+                body = {"model": "small", "messages": [
+                    {"role": "user", "content": prompts[i % len(prompts)]}]}  # fmt: skip
+                started = time.perf_counter()
+                response = await http.post("/v1/chat/completions", json=body)
+                latencies.append((time.perf_counter() - started) * 1000)
+                source = response.headers.get("x-satisfice-cache", str(response.status_code))
+                sources[source] = sources.get(source, 0) + 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(clients)))
+        elapsed = time.perf_counter() - started
+    latencies.sort()
+    return {
+        "clients": clients,
+        "requests": requests,
+        "per_s": requests / elapsed,
+        "p50_ms": latencies[len(latencies) // 2],
+        "p90_ms": latencies[int(len(latencies) * 0.9)],
+        "p99_ms": latencies[int(len(latencies) * 0.99)],
+        "sources": sources,
+    }
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--entries", type=int, default=100_000)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--requests", type=int, default=4000)
+    parser.add_argument("--warmup-sample", type=int, default=3000)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    out = ROOT / "bench" / "out"
+    out.mkdir(parents=True, exist_ok=True)
+    report: dict[str, object] = {"entries": args.entries, "clients": args.clients}
+
+    prompts = questions(args.entries)
+    assert len(prompts) == args.entries, f"only {len(prompts)} distinct questions"
+    embedder = Embedder(EmbedderSettings())
+    await embedder.start()
+
+    print("warm-up throughput ...", file=sys.stderr)
+    sample = random.Random(0).sample(prompts, args.warmup_sample)
+    report["warmup"] = await warmup_ratio(embedder, sample, rounds=3)
+
+    prefix = f"bench-hits-{uuid.uuid4().hex[:8]}"
+    print(f"warming {len(prompts)} entries into Redis ({prefix}) ...", file=sys.stderr)
+    before = redis_used_bytes()
+    cache = await open_cache(prefix)
+    started = time.perf_counter()
+    warmed = await warm(
+        cache, warm_lines(prompts), tenant="default", embed_many=embedder.embed_many,
+        embedding_model=embedder.fingerprint,
+    )  # fmt: skip
+    report["warm_s"] = time.perf_counter() - started
+    report["warmed"] = warmed.added
+    await cache.close()
+    await embedder.close()
+    report["redis_bytes_per_entry"] = (redis_used_bytes() - before) / len(prompts)
+
+    empty = Gateway(f"bench-empty-{uuid.uuid4().hex[:8]}", out)
+    empty.wait_ready()
+    empty_rss = rss_mib(empty.process.pid)
+    empty.stop()
+    full = Gateway(prefix, out)
+    report["ready_s_with_entries"] = full.wait_ready()
+    report["rss_mib_empty"] = empty_rss
+    report["rss_mib_with_entries"] = rss_mib(full.process.pid)
+    report["process_mib_per_100k"] = (
+        (report["rss_mib_with_entries"] - empty_rss) * 100_000 / len(prompts)  # type: ignore[operator]
+    )
+    try:
+        rng = random.Random(1)
+        exact = [p.lower() for p in rng.sample(prompts, min(len(prompts), args.requests))]
+        semantic = [reworded(p) for p in rng.sample(prompts, min(len(prompts), args.requests))]
+        phases = {}
+        for name, queries in (("exact", exact), ("semantic", semantic)):
+            print(f"{name} hits ...", file=sys.stderr)
+            await load(full.url, queries, 4, 200)  # warm the connections and the code path
+            phases[name] = {
+                "one_client": await load(full.url, queries, 1, min(500, args.requests)),
+                "concurrent": await load(full.url, queries, args.clients, args.requests),
+            }
+        report["latency"] = phases
+        report["rss_mib_after_load"] = rss_mib(full.process.pid)
+    finally:
+        full.stop()
+        cleanup = await open_cache(prefix)
+        await cleanup.invalidate(None)
+        await cleanup.close()
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
