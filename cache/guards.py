@@ -3,27 +3,43 @@ embed close together but ask different things.
 
 Sentence embeddings are nearly blind to the details that change an answer: "What
 is 15% of 80?" and "What is 15% of 90?" are neighbours, so are "enable" and "disable
-2FA". A semantic hit is served only when every enabled guard agrees that the cached
+2FA", and so are "A beat B" and "B beat A", which hold the same words in another
+order. A semantic hit is served only when every enabled guard agrees that the cached
 prompt and the new one are the same question.
+
+Every guard is a pure function of the two texts, a few tens of microseconds, and
+names the words that made it veto when asked (``explain``). Each one errs towards
+letting a hit through when the texts were rephrased rather than edited: a guard that
+vetoes a true paraphrase does not only lose that hit, it hands the lookup to the next
+candidate, which is then usually wrong.
 """
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections import Counter
+from collections.abc import Callable, Sequence
 
 import msgspec
 
 _NUMBER = re.compile(r"(?<![\w.])[-+]?\d[\d,]*(?:\.\d+)?(?![\w])|\b\d+(?:st|nd|rd|th)\b")
+# "one" is left out: "how can one learn" and "one of the formats" name no number.
 _NUMBER_WORDS = {
-    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
-    "eleven", "twelve", "twenty", "thirty", "forty", "fifty", "hundred", "thousand",
-    "million", "billion", "first", "second", "third", "half", "double", "twice", "triple",
+    "zero": "0", "two": "2", "three": "3", "four": "4", "five": "5", "six": "6",
+    "seven": "7", "eight": "8", "nine": "9", "ten": "10", "eleven": "11", "twelve": "12",
+    "twenty": "20", "thirty": "30", "forty": "40", "fifty": "50", "hundred": "100",
+    "thousand": "1000", "million": "1000000", "billion": "1000000000",
+    "first": "first", "second": "second", "third": "third", "last": "last",
+    "half": "half", "double": "double", "twice": "twice", "triple": "triple",
 }  # fmt: skip
 _NEGATIONS = {
     "not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "without",
     "cannot", "can't", "don't", "doesn't", "didn't", "isn't", "aren't", "wasn't",
     "weren't", "won't", "wouldn't", "shouldn't", "couldn't", "hasn't", "haven't",
 }  # fmt: skip
+# "Why or why not?" and "if not, ..." ask no negative question.
+_IDLE_NOT = re.compile(r"\b(?:why|or|if)\s+not\b", re.IGNORECASE)
 # Pairs whose members flip an answer while embedding almost alike.
 _OPPOSITES = [
     ("enable", "disable"), ("allow", "deny"), ("add", "remove"), ("increase", "decrease"),
@@ -31,66 +47,298 @@ _OPPOSITES = [
     ("more", "less"), ("most", "least"), ("buy", "sell"), ("import", "export"),
     ("encrypt", "decrypt"), ("upload", "download"), ("start", "stop"), ("open", "close"),
     ("true", "false"), ("yes", "no"), ("left", "right"), ("first", "last"),
+    ("best", "worst"), ("advantages", "disadvantages"), ("pros", "cons"),
 ]  # fmt: skip
 _OPPOSITE_OF = {a: b for a, b in _OPPOSITES} | {b: a for a, b in _OPPOSITES}
-_UNITS = {
-    "mm", "cm", "m", "km", "in", "ft", "yd", "mi", "mile", "miles", "meter", "meters",
-    "kg", "g", "mg", "lb", "lbs", "pound", "pounds", "oz", "ounce", "ounces", "ton", "tons",
-    "l", "ml", "liter", "liters", "litre", "litres", "gallon", "gallons",
-    "s", "sec", "second", "seconds", "min", "minute", "minutes", "h", "hr", "hour", "hours",
-    "day", "days", "week", "weeks", "month", "months", "year", "years",
-    "c", "f", "celsius", "fahrenheit", "kelvin", "usd", "eur", "gbp", "dollars", "euros",
-    "percent", "%", "$", "€", "£", "kb", "mb", "gb", "tb", "kbps", "mbps", "ghz", "mhz",
+# Units that are also everyday words ("in", "a day") count only right after a number
+# (or "many", "per"): "5 in" is a length, "in 1943" is not.
+_UNITS_AFTER_NUMBER = {
+    "in", "m", "s", "c", "f", "g", "l", "h", "t", "k", "min", "sec", "hr", "mi", "yd", "ft",
+    "oz", "lb", "lbs", "second", "seconds", "minute", "minutes", "hour", "hours", "day",
+    "days", "week", "weeks", "month", "months", "year", "years", "pound", "pounds",
 }  # fmt: skip
+_UNITS = {
+    "mm", "cm", "km", "mile", "miles", "meter", "meters", "metre", "metres", "feet", "foot",
+    "inch", "inches", "kg", "mg", "ounce", "ounces", "ton", "tons", "ml", "liter", "liters",
+    "litre", "litres", "gallon", "gallons", "celsius", "fahrenheit", "kelvin", "usd", "eur",
+    "gbp", "inr", "rs", "dollars", "euros", "rupees", "percent", "%", "$", "€", "£", "kb",
+    "mb", "gb", "tb", "kbps", "mbps", "ghz", "mhz",
+}  # fmt: skip
+# Words that carry no topic of their own: they never count as a swapped or substituted
+# word, and a capitalised one ("The", "In") names nothing.
+_STOPWORDS = frozenset({
+    "a", "an", "the", "and", "or", "but", "nor", "so", "yet", "if", "then", "than", "that",
+    "this", "these", "those", "there", "here", "of", "in", "on", "at", "to", "for", "from",
+    "by", "with", "without", "about", "into", "onto", "over", "under", "up", "down", "out",
+    "off", "as", "is", "are", "was", "were", "be", "been", "being", "am", "do", "does", "did",
+    "doing", "done", "have", "has", "had", "having", "will", "would", "shall", "should", "can",
+    "could", "may", "might", "must", "i", "me", "my", "mine", "we", "us", "our", "ours", "you",
+    "your", "yours", "he", "him", "his", "she", "her", "hers", "it", "its", "they", "them",
+    "their", "theirs", "what", "which", "who", "whom", "whose", "when", "where", "why", "how",
+    "all", "any", "each", "every", "some", "such", "no", "not", "only", "own", "same", "too",
+    "very", "just", "also", "both", "either", "neither", "other", "others", "another", "more",
+    "most", "much", "many", "few", "less", "least", "one", "ones", "way", "ways", "thing",
+    "things", "get", "got", "via", "per", "like",
+})  # fmt: skip
+# What separates the items of a list: "A , B and C" may list them in any order.
+_LIST_MARKS = {",", "and", "or", "&", "/", ";"}
+_LIST_FILLERS = _LIST_MARKS | {"the", "a", "an", "as", "well"}
 _WORD = re.compile(r"[\w'\u2019%$€£]+")
+_TOKEN = re.compile(r"[\w'\u2019%$€£]+|[^\w\s]")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 
 
 class GuardSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    numbers: bool = True  # numbers (digits, number words) must match
-    negation: bool = True  # negations and opposite verbs must match
-    entities: bool = True  # capitalised names and units must match
+    numbers: bool = True  # numbers (digits, number words) must match, in the same roles
+    negation: bool = True  # negations and opposite words must match
+    entities: bool = True  # names and units of each must be in the other, in the same roles
+    order: bool = True  # shared words must not trade places ("A beat B", "B beat A")
+    # Near-identical prompts must not differ in one content word ("square face", "oval
+    # face"). Off by default: on Quora pairs it vetoes true duplicates ("best way",
+    # "best method") about as often as near misses, and costs a third of the hits on
+    # rephrased prompts; for traffic of templated prompts it is worth turning on.
+    substitution: bool = False
+
+
+def _plain(word: str) -> str:
+    return word.lower().replace("\u2019", "'").removesuffix("'s")
 
 
 def _words(text: str) -> list[str]:
-    return [w.lower() for w in _WORD.findall(text)]
+    return [_plain(w) for w in _WORD.findall(text)]
 
 
-# Each feature is a sequence, not a set: "6 divided by 3", "5 km in miles" and "is
-# Paris bigger than London" change their answer when the order changes.
+def _tokens(text: str) -> list[str]:
+    """Words and marks, lowercased, with runs of capitalised words joined into one
+    token: "Tien Hogue and Kenneth Brampton" swaps two names, not four words."""
+    out: list[str] = []
+    joining = False
+    for token in _TOKEN.findall(text):
+        plain = _plain(token)
+        capital = token[0].isupper() and plain not in _STOPWORDS
+        if capital and joining:
+            out[-1] += "_" + plain
+        else:
+            out.append(plain)
+        joining = capital
+    return out
+
+
+def _is_content(word: str) -> bool:
+    return word not in _STOPWORDS and not word.endswith("n't") and any(c.isalnum() for c in word)
+
+
+def _stem(word: str) -> str:
+    for suffix, replacement in (("ies", "y"), ("es", "e"), ("s", ""), ("ing", ""), ("ed", "")):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3 and not word.endswith("ss"):
+            return word[: len(word) - len(suffix)] + replacement
+    return word
+
+
+def _same_word(u: str, v: str) -> bool:
+    """Light morphology: "India" and "Indians", "spider" and "spiders", "educational"
+    and "education" are one word here."""
+    if u == v or _stem(u) == _stem(v):
+        return True
+    short, long = sorted((u, v), key=len)
+    return len(short) >= 4 and long.startswith(short) and len(long) - len(short) <= 3
 
 
 def numbers(text: str) -> tuple[str, ...]:
     digits = [n.replace(",", "").lstrip("+") for n in _NUMBER.findall(text)]
-    return (*digits, *(w for w in _words(text) if w in _NUMBER_WORDS))
+    return (*digits, *(_NUMBER_WORDS[w] for w in _words(text) if w in _NUMBER_WORDS))
 
 
-def polarity(text: str) -> tuple[str, ...]:
-    return tuple(
-        "not" if w in _NEGATIONS or w.endswith("n't") else w
-        for w in _words(text)
-        if w in _NEGATIONS or w.endswith("n't") or w in _OPPOSITE_OF
-    )
+def negations(text: str) -> int:
+    words = _words(_IDLE_NOT.sub(" ", text))
+    return sum(1 for w in words if w in _NEGATIONS or w.endswith("n't"))
 
 
 def entities(text: str) -> tuple[str, ...]:
-    """Names (capitalised words that do not open a sentence) and units, in order."""
+    """Names and units, in order: capitalised words that do not open a sentence, words
+    in capitals or with an inner capital (NASA, iPhone), and units of measure."""
     found = []
     for sentence in _SENTENCE.split(text.strip()):
+        previous = ""
         for position, word in enumerate(_WORD.findall(sentence)):
-            named = position > 0 and word[0].isupper() and word != "I"
-            if named or word.lower() in _UNITS:
-                # "France's capital" names the same thing as "the capital of France".
-                found.append(word.lower().removesuffix("'s").removesuffix("\u2019s"))
+            plain = _plain(word)
+            named = (
+                plain not in _STOPWORDS
+                and word != "I"
+                and (
+                    (position > 0 and word[0].isupper())
+                    or (len(word) > 1 and word.isupper())
+                    or any(c.isupper() for c in word[1:])
+                )
+            )
+            after_number = previous in {"many", "per"} or bool(_NUMBER.fullmatch(previous))
+            if named or plain in _UNITS or (after_number and plain in _UNITS_AFTER_NUMBER):
+                found.append(plain)
+            previous = plain
     return tuple(found)
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"[\W_]+", "", text.lower())
+
+
+def _missing_entity(text: str, other: str) -> str | None:
+    """A name or unit of ``text`` that ``other`` does not mention in any spelling
+    ("Mu Sigma" is "Mu-Sigma", "India" is "Indian")."""
+    words = set(_words(other))
+    squashed = _squash(other)
+    for entity in entities(text):
+        if entity in words or _squash(entity) in squashed:
+            continue
+        if not any(_same_word(entity, w) for w in words):
+            return entity
+    return None
+
+
+def _slot_score(tokens: Sequence[str], i: int, others: Sequence[str], j: int) -> float:
+    """How much token ``i`` of one text and token ``j`` of the other share their place:
+    each equal neighbour counts 1 when it is a content word, 0.5 when it is a function
+    word or a mark (those are too common to say much)."""
+    score = 0.0
+    for step in (-1, 1):
+        mine = tokens[i + step] if 0 <= i + step < len(tokens) else "^$"
+        theirs = others[j + step] if 0 <= j + step < len(others) else "^$"
+        if mine == theirs:
+            score += 1.0 if _is_content(mine) else 0.5
+    return score
+
+
+def _listed(tokens: Sequence[str], i: int, j: int) -> bool:
+    """Tokens i < j are items of one short list ("Blackpool , York and Liverpool")."""
+    between = tokens[i + 1 : j]
+    if len(between) > 15 or not _LIST_MARKS.intersection(between):
+        return False
+    run = 0
+    for token in between:
+        run = 0 if token in _LIST_FILLERS else run + 1
+        if run > 3:
+            return False
+    return True
+
+
+def _compound(tokens: Sequence[str], i: int, j: int) -> bool:
+    """Tokens i < j are next to each other or joined by "of": "the generate_examples
+    method" is "the method of generate_examples"."""
+    return all(t in {"of", "the", "a", "an"} for t in tokens[i + 1 : j])
+
+
+def _slot_swap(
+    cached: Sequence[str], query: Sequence[str], keep: Callable[[str], bool]
+) -> tuple[str, str] | None:
+    """Two words (each once in each text) whose order flips and where one took the
+    other's place: "the fictional plot ... the medieval kingdoms" against "the
+    medieval plot ... the fictional kingdoms". A clause moved whole ("In 1943, X had
+    a son" against "X had a son in 1943") flips the order of many words but puts no
+    word between another's neighbours, and lists may be reordered freely."""
+    counts_c, counts_q = Counter(cached), Counter(query)
+    at_c = {t: i for i, t in enumerate(cached) if counts_c[t] == 1 and keep(t)}
+    at_q = {t: i for i, t in enumerate(query) if counts_q[t] == 1 and keep(t)}
+    shared = sorted((t for t in at_c if t in at_q), key=at_c.__getitem__)
+    for n, x in enumerate(shared):
+        for y in shared[n + 1 :]:
+            if at_q[x] < at_q[y]:
+                continue
+            if _listed(cached, at_c[x], at_c[y]) and _listed(query, at_q[y], at_q[x]):
+                continue
+            if _compound(cached, at_c[x], at_c[y]) and _compound(query, at_q[y], at_q[x]):
+                continue
+            took_y = _slot_score(query, at_q[x], cached, at_c[y])  # x now where y was
+            took_x = _slot_score(query, at_q[y], cached, at_c[x])
+            # One place taken over outright, or both places half taken over.
+            if max(took_y, took_x) >= 1.5 or (min(took_y, took_x) > 0 and max(took_y, took_x) >= 1):
+                return x, y
+    return None
+
+
+def _aligned_swap(cached: Sequence[str], query: Sequence[str]) -> tuple[str, str] | None:
+    """Two short edits of an otherwise aligned pair of texts that trade words: x is
+    replaced by y here and y by x there ("small municipality and civil village",
+    "civil parish and small village"). Catches swaps whose neighbours changed too."""
+    ops = difflib.SequenceMatcher(None, cached, query, autojunk=False).get_opcodes()
+    edits = [
+        ({w for w in cached[i1:i2] if _is_content(w)}, {w for w in query[j1:j2] if _is_content(w)})
+        for op, i1, i2, j1, j2 in ops
+        if op == "replace" and i2 - i1 <= 3 and j2 - j1 <= 3
+    ]
+    for n, (was_here, now_here) in enumerate(edits):
+        for m, (was_there, now_there) in enumerate(edits):
+            if n != m and (moved := was_here & now_there) and (back := was_there & now_here):
+                return min(moved), min(back)
+    return None
+
+
+def _substituted(cached: Sequence[str], query: Sequence[str]) -> tuple[str, str] | None:
+    """One or two content words replaced by unrelated ones in an otherwise identical
+    text (at least 80% of the words aligned)."""
+    matcher = difflib.SequenceMatcher(None, cached, query, autojunk=False)
+    if matcher.ratio() < 0.8:
+        return None
+    for op, i1, i2, j1, j2 in matcher.get_opcodes():
+        if op != "replace" or i2 - i1 > 2 or j2 - j1 > 2:
+            continue
+        was = [w for w in cached[i1:i2] if _is_content(w)]
+        now = [w for w in query[j1:j2] if _is_content(w)]
+        if was and now and not any(_same_word(u, v) for u in was for v in now):
+            return was[0], now[0]
+    return None
+
+
+def explain(cached: str, query: str, settings: GuardSettings) -> tuple[str, str] | None:
+    """The first guard that vetoes a hit between the two prompts and the words that
+    made it, or None when every enabled guard accepts."""
+    cached_tokens, query_tokens = _tokens(cached), _tokens(query)
+    cached_words, query_words = _words(cached), _words(query)
+    if settings.numbers:
+        mine, theirs = Counter(numbers(cached)), Counter(numbers(query))
+        if mine != theirs:
+            return "numbers", " ".join(sorted((mine - theirs) + (theirs - mine)))
+        # "6 divided by 3" is not "3 divided by 6".
+        swap = _slot_swap(cached_tokens, query_tokens, lambda t: any(c.isdigit() for c in t))
+        if swap:
+            return "numbers", " <-> ".join(swap)
+    if settings.negation:
+        if negations(cached) != negations(query):
+            return "negation", "not"
+        # An opposite counts only against its counterpart: "attract more girls" and
+        # "attract girls" ask the same; "more" against "less" does not.
+        only_cached, only_query = (
+            set(cached_words) - set(query_words),
+            set(query_words) - set(cached_words),
+        )
+        for word in sorted(only_cached):
+            opposite = _OPPOSITE_OF.get(word)
+            if opposite is not None and opposite in only_query:
+                return "negation", f"{word} <-> {opposite}"
+    if settings.entities:
+        missing = _missing_entity(cached, query) or _missing_entity(query, cached)
+        if missing:
+            return "entities", missing
+        # "Is Paris bigger than London?" is not "Is London bigger than Paris?".
+        named = set(entities(cached) + entities(query))
+        swap = _slot_swap(
+            cached_tokens, query_tokens, lambda t: any(p in named for p in t.split("_"))
+        )
+        if swap:
+            return "entities", " <-> ".join(swap)
+    if settings.order:
+        swap = _slot_swap(cached_tokens, query_tokens, _is_content) or _aligned_swap(
+            cached_words, query_words
+        )
+        if swap:
+            return "order", " <-> ".join(swap)
+    if settings.substitution:
+        changed = _substituted(cached_words, query_words)
+        if changed:
+            return "substitution", " -> ".join(changed)
+    return None
 
 
 def veto(cached: str, query: str, settings: GuardSettings) -> str | None:
     """Why a semantic hit between the two prompts must not be served, or None."""
-    if settings.numbers and numbers(cached) != numbers(query):
-        return "numbers"
-    if settings.negation and polarity(cached) != polarity(query):
-        return "negation"
-    if settings.entities and entities(cached) != entities(query):
-        return "entities"
-    return None
+    found = explain(cached, query, settings)
+    return None if found is None else found[0]
