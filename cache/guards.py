@@ -213,6 +213,9 @@ def _listed(tokens: Sequence[str], i: int, j: int) -> bool:
     between = tokens[i + 1 : j]
     if len(between) > 15 or not _LIST_MARKS.intersection(between):
         return False
+    # Items end at a mark: "Kenneth and actress Tien" is no list of Kenneth and Tien.
+    if between[0] not in _LIST_FILLERS or between[-1] not in _LIST_FILLERS:
+        return False
     run = 0
     for token in between:
         run = 0 if token in _LIST_FILLERS else run + 1
@@ -221,10 +224,12 @@ def _listed(tokens: Sequence[str], i: int, j: int) -> bool:
     return True
 
 
-def _compound(tokens: Sequence[str], i: int, j: int) -> bool:
-    """Tokens i < j are next to each other or joined by "of": "the generate_examples
-    method" is "the method of generate_examples"."""
-    return all(t in {"of", "the", "a", "an"} for t in tokens[i + 1 : j])
+def _compound(first: Sequence[str], second: Sequence[str]) -> bool:
+    """The words between two tokens in each text: next to each other in one, joined
+    by "of" in the other. "The generate_examples method" is "the method of
+    generate_examples"; "dog food" is not "food dog"."""
+    joined, apart = sorted((first, second), key=len)
+    return not joined and "of" in apart and set(apart) <= {"of", "the", "a", "an"}
 
 
 def _slot_swap(
@@ -245,7 +250,7 @@ def _slot_swap(
                 continue
             if _listed(cached, at_c[x], at_c[y]) and _listed(query, at_q[y], at_q[x]):
                 continue
-            if _compound(cached, at_c[x], at_c[y]) and _compound(query, at_q[y], at_q[x]):
+            if _compound(cached[at_c[x] + 1 : at_c[y]], query[at_q[y] + 1 : at_q[x]]):
                 continue
             took_y = _slot_score(query, at_q[x], cached, at_c[y])  # x now where y was
             took_x = _slot_score(query, at_q[y], cached, at_c[x])
@@ -273,18 +278,22 @@ def _aligned_swap(cached: Sequence[str], query: Sequence[str]) -> tuple[str, str
 
 
 def _substituted(cached: Sequence[str], query: Sequence[str]) -> tuple[str, str] | None:
-    """One or two content words replaced by unrelated ones in an otherwise identical
-    text (at least 80% of the words aligned)."""
-    matcher = difflib.SequenceMatcher(None, cached, query, autojunk=False)
-    if matcher.ratio() < 0.8:
+    """The one edit between two otherwise identical texts replaces a content word by an
+    unrelated one (not another form of it): "square face" and "oval face"."""
+    ops = difflib.SequenceMatcher(None, cached, query, autojunk=False).get_opcodes()
+    changed = [(i1, i2, j1, j2) for op, i1, i2, j1, j2 in ops if op != "equal"]
+    if len(changed) > 2 or any(i2 - i1 > 2 or j2 - j1 > 2 for i1, i2, j1, j2 in changed):
         return None
-    for op, i1, i2, j1, j2 in matcher.get_opcodes():
-        if op != "replace" or i2 - i1 > 2 or j2 - j1 > 2:
-            continue
-        was = [w for w in cached[i1:i2] if _is_content(w)]
-        now = [w for w in query[j1:j2] if _is_content(w)]
-        if was and now and not any(_same_word(u, v) for u in was for v in now):
-            return was[0], now[0]
+    edits = [
+        ([w for w in cached[i1:i2] if _is_content(w)], [w for w in query[j1:j2] if _is_content(w)])
+        for i1, i2, j1, j2 in changed
+    ]
+    edits = [(was, now) for was, now in edits if was or now]
+    if len(edits) != 1:
+        return None
+    (was, now) = edits[0]
+    if was and now and not any(_same_word(u, v) for u in was for v in now):
+        return was[0], now[0]
     return None
 
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cache.guards import GuardSettings, veto
+from cache.guards import GuardSettings, explain, veto
 
 ALL = GuardSettings()
 
@@ -20,6 +20,28 @@ NEAR_MISSES = [
     ("What is the capital of France?", "What is the capital of Germany?", "entities"),
     ("Is Paris bigger than London?", "Is London bigger than Paris?", "entities"),
     ("Convert 5 km to miles", "Convert 5 miles to km", "entities"),
+    # Same words, other roles: the embedding barely moves, the answer does.
+    ("Is coffee worse for you than tea?", "Is tea worse for you than coffee?", "order"),
+    ("Should I learn guitar before piano?", "Should I learn piano before guitar?", "order"),
+    ("Did Google buy YouTube?", "Did YouTube buy Google?", "entities"),
+    ("How do I convert a PDF to Word?", "How do I convert a Word to PDF?", "entities"),
+    (
+        "Kenneth Brampton and actress Tien Hogue persuaded Pearson Tewksbury to produce it.",
+        "Tien Hogue and actress Kenneth Brampton persuaded Pearson Tewksbury to produce it.",
+        "entities",
+    ),
+    (
+        "The heraldic coat of arms of Bavaria was designed according to modern traditions.",
+        "The modern coat of arms of Bavaria was designed according to heraldic traditions.",
+        "order",
+    ),
+    (
+        "Winkleigh is a small municipality and civil village in Devon.",
+        "Winkleigh is a civil parish and small village in Devon.",
+        "order",
+    ),
+    ("What is 6 divided by 3 in Python?", "What is 3 divided by 6 in Python?", "numbers"),
+    ("Which is better, Coke or Pepsi?", "Which is better, Coke or Sprite?", "entities"),
 ]
 PARAPHRASES = [
     ("What is the capital of France?", "what is the capital city of France"),
@@ -28,6 +50,31 @@ PARAPHRASES = [
     ("How many legs does a spider have?", "how many legs do spiders have"),
     ("What is 2,500 plus 10?", "what's 2500 + 10"),
     ("What is the capital of France?", "Which city is France's capital?"),
+    # A clause moved whole, a list reordered, "X of Y" for "Y X": no word took another's place.
+    ("In 1943, Sarah Kubitschek had a daughter.", "Sarah Kubitschek had a daughter in 1943."),
+    (
+        "Which airlines fly to Oslo, Bergen and Tromso?",
+        "Which airlines fly to Tromso, Oslo and Bergen?",
+    ),
+    (
+        "What is the population growth rate of India?",
+        "What is the growth rate of the population of India?",
+    ),
+    (
+        "How do I call the generate_examples method?",
+        "How do I call the method of generate_examples?",
+    ),
+    # Other spellings of the same name; "one" as a pronoun; "why not" asks nothing negative.
+    ("Should the education system in India change?", "Should India's educational system change?"),
+    ("What are working hours at Mu Sigma?", "What are the working hours at Mu-Sigma?"),
+    ("How can one learn French fast?", "How can I learn French fast?"),
+    (
+        "Is sleeping on the floor good for your back? Why or why not?",
+        "Is sleeping on the floor good for your back?",
+    ),
+    # An opposite counts only against its counterpart.
+    ("How can I attract more customers?", "How can I attract customers?"),
+    ("How do I start a blog?", "How can I start a blog?"),
 ]
 
 
@@ -47,6 +94,32 @@ def test_each_guard_can_be_switched_off() -> None:
     assert veto("How do I enable 2FA?", "How do I disable 2FA?", off) is None
     off = GuardSettings(entities=False)
     assert veto("Capital of France?", "Capital of Germany?", off) is None
+    off = GuardSettings(order=False)
+    assert veto("Is coffee worse than tea?", "Is tea worse than coffee?", off) is None
+
+
+def test_substitution_is_opt_in() -> None:
+    square = "What hairstyles suit a man with a square face?"
+    oval = "What hairstyles suit a man with an oval face?"
+    assert veto(square, oval, ALL) is None
+    assert veto(square, oval, GuardSettings(substitution=True)) == "substitution"
+    # A different form of the same word is no substitution.
+    assert veto("Best book for learning Python?", "Best books for learning Python?",
+                GuardSettings(substitution=True)) is None  # fmt: skip
+
+
+def test_explain_names_the_words() -> None:
+    assert explain("What is 15% of 80?", "What is 15% of 90?", ALL) == ("numbers", "80 90")
+    assert explain("Is coffee worse than tea?", "Is tea worse than coffee?", ALL) == (
+        "order",
+        "coffee <-> tea",
+    )
+    assert explain("How do I enable 2FA?", "How do I disable 2FA?", ALL) == (
+        "negation",
+        "enable <-> disable",
+    )
+    assert explain("Capital of France?", "Capital of Germany?", ALL) == ("entities", "france")
+    assert explain("Who wrote Hamlet?", "Who is the author of Hamlet?", ALL) is None
 
 
 WORDS = st.lists(
@@ -70,3 +143,54 @@ def test_changing_a_number_never_passes(
     cached = f"{before} {show(original)} {after}?"
     query = f"{before} {show(changed)} {after}?"
     assert veto(cached, query, ALL) == "numbers"
+
+
+# Made-up words that are neither stopwords, names, units nor numbers.
+TERMS = st.text(alphabet="bcdfgkmptvz", min_size=3, max_size=7).map(lambda w: "q" + w)
+CLAUSE = st.lists(TERMS, min_size=1, max_size=5, unique=True)
+
+
+@given(
+    words=st.lists(TERMS, min_size=4, max_size=12, unique=True),
+    data=st.data(),
+)
+def test_two_words_trading_places_never_pass(words: list[str], data: st.DataObject) -> None:
+    """ "A did X to B" against "B did X to A", anywhere in a prompt, unless the two
+    are next to each other (then it may be a compound, and the embedding differs)."""
+    i = data.draw(st.integers(min_value=0, max_value=len(words) - 3))
+    j = data.draw(st.integers(min_value=i + 2, max_value=len(words) - 1))
+    swapped = list(words)
+    swapped[i], swapped[j] = words[j], words[i]
+    assert veto(" ".join(words) + "?", " ".join(swapped) + "?", ALL) == "order"
+
+
+@given(
+    first=CLAUSE,
+    second=CLAUSE,
+)
+def test_a_clause_moved_whole_passes(first: list[str], second: list[str]) -> None:
+    """ "In 1943, X had a son" and "X had a son in 1943": a clause moved as a block."""
+    second = [w for w in second if w not in first] or ["qzz"]
+    cached = " ".join(first + second) + "?"
+    query = " ".join(second) + ", " + " ".join(first) + "?"
+    assert veto(cached, query, ALL) is None
+
+
+@given(
+    names=st.lists(
+        st.text(alphabet="bcdfgkmptvz", min_size=2, max_size=6).map(lambda w: "Q" + w),
+        min_size=2,
+        max_size=2,
+        unique=True,
+    ),
+    template=st.sampled_from([
+        "Is {} bigger than {}?",
+        "How far is {} from {}?",
+        "Did {} beat {} in the final?",
+        "Why does {} hate {}?",
+    ]),
+)  # fmt: skip
+def test_swapping_two_names_never_passes(names: list[str], template: str) -> None:
+    first, second = names
+    cached, query = template.format(first, second), template.format(second, first)
+    assert veto(cached, query, ALL) == "entities"
