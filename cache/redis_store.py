@@ -55,6 +55,8 @@ from cache.store import (
 
 log = logging.getLogger("satisfice.cache")
 
+_PUT_CHUNK = 32
+
 T = TypeVar("T")
 
 # How long one XREAD waits for news before the follower checks the stream again;
@@ -300,19 +302,25 @@ class RedisStore:
         if not live:
             return []
 
-        async def write(redis: Redis) -> None:
-            async with redis.pipeline(transaction=True) as pipe:
-                for entry in live:
-                    key = self._key(entry.namespace, entry.id)
-                    # HSET alone would keep fields the new entry lacks (expires_at).
-                    pipe.unlink(key)
-                    pipe.hset(key, mapping=_encode_entry(entry))  # type: ignore[arg-type]
-                    if entry.expires_at is not None:
-                        pipe.pexpireat(key, int(entry.expires_at * 1000))
-                    self._announce(pipe, Put(entry))
-                await pipe.execute()
+        def write(chunk: list[CacheEntry]) -> Callable[[Redis], Awaitable[None]]:
+            async def run(redis: Redis) -> None:
+                async with redis.pipeline(transaction=True) as pipe:
+                    for entry in chunk:
+                        key = self._key(entry.namespace, entry.id)
+                        # HSET alone would keep fields the new entry lacks (expires_at).
+                        pipe.unlink(key)
+                        pipe.hset(key, mapping=_encode_entry(entry))  # type: ignore[arg-type]
+                        if entry.expires_at is not None:
+                            pipe.pexpireat(key, int(entry.expires_at * 1000))
+                        self._announce(pipe, Put(entry))
+                    await pipe.execute()
 
-        await self._call(write)
+            return run
+
+        # Bulk writes (a warm-up) go in small transactions: each round trip must fit
+        # in timeout_s, which is sized for one request's write-back.
+        for start in range(0, len(live), _PUT_CHUNK):
+            await self._call(write(live[start : start + _PUT_CHUNK]))
         return []
 
     async def delete(self, namespace: str, id_: int) -> bool:

@@ -15,8 +15,9 @@ from typing import Annotated, Generic, TypeVar
 
 import msgspec
 
-from cache.entry import Namespace, context_fingerprint, entry_id, sampling_key
+from cache.entry import CacheEntry, Namespace, context_fingerprint, entry_id, sampling_key
 from cache.semantic_cache import Hit, SemanticCache
+from cache.store import StoreUnavailable
 from router.embedder import Embedding, Vectors
 
 EmbedMany = Callable[[Sequence[str]], Awaitable[Vectors]]
@@ -25,6 +26,8 @@ Progress = Callable[[int], None]
 Q = TypeVar("Q", bound="Query")
 
 BATCH = 256
+PUT_ATTEMPTS = 4
+PUT_RETRY_S = 1.0
 # Bad lines listed in a report; the count covers them all.
 MAX_REPORTED_ERRORS = 100
 
@@ -137,7 +140,7 @@ async def warm(
                 confidence=line.confidence,
             )
             entries.append((entry, present))
-        stored = {e.id for e in await cache.put([e for e, _ in entries], best_effort=False)}
+        stored = {e.id for e in await _put(cache, [e for e, _ in entries])}
         for entry, present in entries:
             if entry.id not in stored:
                 report.skipped += 1
@@ -157,6 +160,19 @@ async def warm(
     if storing is not None:
         await storing
     return report
+
+
+async def _put(cache: SemanticCache, entries: list[CacheEntry]) -> list[CacheEntry]:
+    """A long warm-up rides out a short store outage: each batch is retried a few
+    times (re-putting is idempotent) before the warm-up gives up."""
+    for attempt in range(PUT_ATTEMPTS):
+        try:
+            return await cache.put(entries, best_effort=False)
+        except StoreUnavailable:
+            if attempt == PUT_ATTEMPTS - 1:
+                raise
+            await asyncio.sleep(PUT_RETRY_S)
+    raise AssertionError("unreachable")
 
 
 class DryRun(msgspec.Struct, frozen=True, kw_only=True):

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -57,6 +57,13 @@ def start_gateway(config_text: str, directory: Path) -> tuple[str, subprocess.Po
     return url, process
 
 
+def drop_keys(prefix: str) -> None:
+    scan = ["redis-cli", "--scan", "--pattern", f"{prefix}:*"]
+    keys = subprocess.run(scan, capture_output=True, text=True, check=False).stdout.split()
+    if keys:
+        subprocess.run(["redis-cli", "unlink", *keys], capture_output=True, check=False)
+
+
 @pytest.fixture(scope="module")
 def cached_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     prefix = f"satisfice-test-{uuid.uuid4().hex[:8]}"
@@ -66,10 +73,7 @@ def cached_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
     finally:
         stop(process)
-        scan = ["redis-cli", "--scan", "--pattern", f"{prefix}:*"]
-        keys = subprocess.run(scan, capture_output=True, text=True, check=False).stdout.split()
-        if keys:
-            subprocess.run(["redis-cli", "unlink", *keys], capture_output=True, check=False)
+        drop_keys(prefix)
 
 
 def client(url: str) -> openai.OpenAI:
@@ -248,3 +252,52 @@ def test_gateway_answers_through_a_redis_outage(tmp_path: Path) -> None:
         stop(gateway)
         redis.kill()
         redis.wait()
+
+
+def eventually(check: Callable[[], bool], within_s: float = 1.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_replicas_share_one_redis(tmp_path: Path) -> None:
+    """Two gateways on one Redis: what one learns the other serves, semantically
+    too (its index follows the change stream), and a restarted one rebuilds."""
+    prefix = f"satisfice-replicas-{uuid.uuid4().hex[:8]}"
+    config = cache_gateway_config("redis://127.0.0.1:6379/0", prefix)
+    url_a, gateway_a = start_gateway(config, tmp_path)
+    url_b, gateway_b = start_gateway(config, tmp_path)
+    try:
+        faq = json.dumps({"prompt": "What is the chemical symbol for gold?",
+                          "response": "Au", "model": "small"})  # fmt: skip
+        with admin(url_a) as http:
+            assert http.post("/admin/cache/warmup", content=faq.encode()).json()["added"] == 1
+
+        def served_by_b(prompt: str, source: str) -> Callable[[], bool]:
+            return lambda: (
+                ask(url_b, prompt, stop=openai.NOT_GIVEN)[1]["x-satisfice-cache"] == source
+            )
+
+        assert eventually(served_by_b("what is the chemical symbol for gold", "exact"))
+        assert eventually(served_by_b("Tell me the chemical symbol for gold.", "semantic"))
+
+        with admin(url_b) as http:
+            assert http.post("/admin/cache/invalidate", json={"all": True}).json()["deleted"] == 1
+        assert eventually(
+            lambda: ask(url_a, "Tell me the chemical symbol for gold.", stop=openai.NOT_GIVEN)[1][
+                "x-satisfice-cache"] in ("miss", "coalesced")
+        )  # fmt: skip
+
+        with admin(url_b) as http:
+            http.post("/admin/cache/warmup", content=faq.encode())
+        stop(gateway_a)
+        url_a, gateway_a = start_gateway(config, tmp_path)  # rebuilt from Redis at start
+        answer, headers = ask(url_a, "Tell me the chemical symbol for gold.", stop=openai.NOT_GIVEN)
+        assert answer == "Au" and headers["x-satisfice-cache"] == "semantic"
+    finally:
+        stop(gateway_a)
+        stop(gateway_b)
+        drop_keys(prefix)

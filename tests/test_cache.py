@@ -10,7 +10,9 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 
 from cache.entry import Namespace
 from cache.memory_store import MemoryStore
@@ -177,3 +179,44 @@ def test_cache_eval_command(tmp_path: Path) -> None:
     assert report["hit_rate"] == 0.25 and report["precision"] == 1.0
     assert report["false_hit_rate"] == 0.0
     assert report["best_hit_rate_at_99_precision"] == 0.25
+
+
+@hypothesis.settings(max_examples=40, deadline=None)
+@hypothesis.given(
+    template=st.sampled_from(
+        [
+            "What is {} plus 17?",
+            "How many days are there in {} weeks?",
+            "Convert {} km to miles.",
+            "What was the population of Paris in {}?",
+            "Is {} a prime number?",
+        ]
+    ),
+    original=st.integers(min_value=0, max_value=10**6),
+    changed=st.integers(min_value=0, max_value=10**6),
+)
+def test_a_changed_number_never_hits_the_original(
+    embedder: Embedder, template: str, original: int, changed: int
+) -> None:
+    """Through the whole lookup, at any similarity: the guards decide, not the vectors."""
+    hypothesis.assume(original != changed)
+    cached, query = template.format(original), template.format(changed)
+    vectors = embedder.encode([cached, query])
+
+    async def check() -> Hit | Miss:
+        async with make_cache(similarity_threshold=0.0) as cache:
+            ns = scope(embedder)
+            vector = Embedding(vectors[0], embedder.fingerprint)
+            entry = cache.entry(
+                ns, cached, vector, response="x", model="small", tier="small", confidence=1.0
+            )
+            await cache.put([entry])
+
+            async def known() -> Embedding:
+                return Embedding(vectors[1], embedder.fingerprint)
+
+            found, _ = await cache.lookup(ns, query, known)
+            return found
+
+    found = asyncio.run(check())
+    assert isinstance(found, Miss) and found.reason == "guard:numbers"
