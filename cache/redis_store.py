@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 import msgspec
 from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError, RedisError, ResponseError
@@ -192,6 +193,31 @@ def _stream_state(info: Mapping[str, Any]) -> _StreamState:
     )
 
 
+SENTINEL_SCHEME = "redis+sentinel"
+
+
+def _sentinel(url: str, connection: dict[str, Any]) -> tuple[Sentinel, str]:
+    """``redis+sentinel://[:password@]host:port[,host:port...]/service[/db]``: the
+    sentinels to ask, and the name of the master they watch."""
+    parts = urlsplit(url)
+    credentials, _, hosts = parts.netloc.rpartition("@")
+    path = [p for p in parts.path.split("/") if p]
+    if not hosts or not path:
+        raise ValueError(f"{url!r}: expected redis+sentinel://host:port[,host:port]/service[/db]")
+    sentinels = []
+    for host in hosts.split(","):
+        name, _, port = host.rpartition(":")
+        sentinels.append((name or host, int(port) if name else 26379))
+    password = credentials.partition(":")[2] or None
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        sentinels,
+        sentinel_kwargs={"socket_timeout": connection["socket_connect_timeout"]},
+        password=password,
+        db=int(path[1]) if len(path) > 1 else 0,
+    )
+    return sentinel, path[0]
+
+
 class RedisStore:
     """Entries in Redis, shared by every replica; bounded by Redis's maxmemory."""
 
@@ -208,7 +234,7 @@ class RedisStore:
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(Change)
         url = urlsplit(settings.url)  # for log lines: host and port, never the password
-        self._where = f"{url.hostname}:{url.port or 6379}" if url.hostname else url.path
+        self._where = url.netloc.rpartition("@")[2] or url.path
         # No retries inside redis-py: a retry would spend the request's time budget,
         # and the breaker below decides when Redis is worth trying again.
         common: dict[str, Any] = {
@@ -216,28 +242,33 @@ class RedisStore:
             "retry": Retry(NoBackoff(), 0),
             "protocol": 2,  # the reply shapes parsed below are RESP2's
         }
-        # A blocking pool: a burst beyond max_connections waits (within timeout_s)
-        # for a connection instead of failing as if Redis were down.
-        self._redis = Redis.from_pool(
-            BlockingConnectionPool.from_url(
-                settings.url,
+        # The change follower gets its own connections: its XREAD blocks for
+        # _BLOCK_S, which must neither hold a pooled connection requests need nor
+        # trip their timeout. Two: the next read may start while a cancelled one is
+        # still letting go.
+        reader = {**common, "max_connections": 2, "socket_timeout": _BLOCK_S + settings.timeout_s}
+        if url.scheme == SENTINEL_SCHEME:
+            sentinel, service = _sentinel(settings.url, common)
+            self._redis = sentinel.master_for(
+                service,
                 max_connections=settings.max_connections,
-                timeout=settings.timeout_s,
                 socket_timeout=settings.timeout_s,
                 **common,
             )
-        )
-        # The change follower's own connection: its XREAD blocks for _BLOCK_S, which
-        # must neither hold a pooled connection requests need nor trip their timeout.
-        # Two: the next read may start while a cancelled one is still letting go.
-        self._reader = Redis.from_pool(
-            ConnectionPool.from_url(
-                settings.url,
-                max_connections=2,
-                socket_timeout=_BLOCK_S + settings.timeout_s,
-                **common,
+            self._reader = sentinel.master_for(service, **reader)
+        else:
+            # A blocking pool: a burst beyond max_connections waits (within
+            # timeout_s) for a connection instead of failing as if Redis were down.
+            self._redis = Redis.from_pool(
+                BlockingConnectionPool.from_url(
+                    settings.url,
+                    max_connections=settings.max_connections,
+                    timeout=settings.timeout_s,
+                    socket_timeout=settings.timeout_s,
+                    **common,
+                )
             )
-        )
+            self._reader = Redis.from_pool(ConnectionPool.from_url(settings.url, **reader))
         self._closed = asyncio.Event()
         self._step_in_flight: asyncio.Task[Any] | None = None
         # Where the change follower reads from, and how many entries the stream had

@@ -27,6 +27,8 @@ class RedisStoreSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True
                          tag_field="kind", tag="redis"):  # fmt: skip
     """Entries in Redis, shared by every replica; bounded by Redis's own maxmemory."""
 
+    # redis://, rediss:// (TLS), or redis+sentinel://host:port[,host:port]/service[/db]
+    # to find the master through Redis Sentinel.
     url: str = "redis://127.0.0.1:6379/0"
     # Every key starts with this, so one Redis can hold several deployments.
     key_prefix: str = "satisfice"

@@ -469,3 +469,43 @@ async def test_a_slow_redis_is_an_outage_too(tmp_path: Path) -> None:
         await admin.aclose()
         await store.close()
         await server.kill()
+
+
+async def test_a_sentinel_url_finds_the_master(tmp_path: Path) -> None:
+    """``redis+sentinel://`` asks a real Redis Sentinel where the master is."""
+    master = RedisServer(free_port(), tmp_path)
+    await master.start()
+    sentinel_port = free_port()
+    conf = tmp_path / "sentinel.conf"
+    conf.write_text(
+        f"port {sentinel_port}\nbind 127.0.0.1\nsentinel monitor cache 127.0.0.1 {master.port} 1\n"
+    )
+    sentinel = await asyncio.create_subprocess_exec(
+        "redis-server", str(conf), "--sentinel", cwd=tmp_path,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"redis+sentinel://127.0.0.1:{sentinel_port}/cache"
+    store = RedisStore(RedisStoreSettings(url=url, key_prefix="sentinel", timeout_s=1.0))
+    try:
+        await eventually(lambda: sentinel_answers(sentinel_port), 5.0, "sentinel answers")
+        await store.start()
+        stored = entry(7)
+        await store.put([stored])
+        assert await store.get("ns", 7) == stored
+        direct = Redis.from_url(master.url)
+        assert await direct.exists("sentinel:{ns}:7") == 1
+        await direct.aclose()
+    finally:
+        await store.close()
+        sentinel.kill()
+        await sentinel.wait()
+        await master.kill()
+
+
+def sentinel_answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as connection:
+            connection.sendall(b"PING\r\n")
+            return connection.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
