@@ -39,7 +39,7 @@ from cache.store import (
     in_scope,
 )
 from router.embedder import Embedding
-from router.index import VectorIndex
+from router.index import VectorIndex, gpu_resources
 
 log = logging.getLogger("satisfice.cache")
 
@@ -101,6 +101,7 @@ class SemanticCache:
         self._indexed: dict[int, tuple[str, float | None]] = {}
         self._expiry: list[tuple[float, int]] = []
         self._faiss = ThreadPoolExecutor(1, thread_name_prefix="cache-index")
+        self._gpu = gpu_resources(settings.index.device)
         self._tasks: list[asyncio.Task[None]] = []
         self._store_down = False
 
@@ -304,7 +305,9 @@ class SemanticCache:
             vectors = np.stack([unpack_vector(e.vector) for e in group])
             index = self._indexes.get(namespace)
             if index is None:
-                index = self._indexes[namespace] = VectorIndex(vectors.shape[1])
+                index = self._indexes[namespace] = VectorIndex(
+                    vectors.shape[1], hnsw_above=self.settings.index.hnsw_above, gpu=self._gpu
+                )
             await self._index(index.add, ids, vectors)
             for entry in group:
                 self._indexed[entry.id] = (namespace, entry.expires_at)

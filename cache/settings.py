@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -45,6 +45,16 @@ class RedisStoreSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True
 StoreSettings = MemoryStoreSettings | RedisStoreSettings
 
 
+class IndexSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Each process's vector index over the cached prompts (FAISS)."""
+
+    # "gpu" needs faiss-gpu-cu12 (the `gpu` extra) and a GPU; without them the CPU
+    # index serves, with a warning at start.
+    device: Literal["cpu", "gpu"] = "cpu"
+    # Per namespace: exact search up to this many vectors, HNSW beyond (CPU only).
+    hnsw_above: Annotated[int, msgspec.Meta(ge=1)] = 20_000
+
+
 class CacheSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     exact: bool = True
     semantic: bool = True
@@ -62,3 +72,4 @@ class CacheSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     # Concurrent identical misses wait for one engine call instead of each making one.
     coalesce: bool = True
     store: StoreSettings = MemoryStoreSettings()
+    index: IndexSettings = IndexSettings()

@@ -4,11 +4,17 @@ Exact (flat) search while small, HNSW once it grows past ``hnsw_above`` vectors:
 flat search costs O(n) per query (about 7 ms at 100k on one core), HNSW well under
 a millisecond. HNSW cannot delete, so removed ids are tombstoned, filtered out of
 results and dropped for good at the next rebuild.
+
+With GPU resources (faiss-gpu-cu12, the ``gpu`` extra) the index is an exact flat
+index on the GPU at every size: brute force there beats HNSW on a CPU well into
+millions of vectors. GPU indexes cannot delete either, so they tombstone too.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+from typing import Any, Literal
 
 import faiss
 import numpy as np
@@ -22,15 +28,38 @@ HNSW_NEIGHBOURS = 32
 HNSW_SEARCH_DEPTH = 64
 
 
+Device = Literal["cpu", "gpu"]
+
+log = logging.getLogger("satisfice.index")
+
+
+def gpu_resources(device: Device) -> Any | None:
+    """FAISS GPU resources for ``device: gpu``; None for the CPU, and also, with a
+    warning, when this FAISS build or machine has no GPU (the CPU index serves)."""
+    if device == "cpu":
+        return None
+    if not hasattr(faiss, "StandardGpuResources") or faiss.get_num_gpus() < 1:
+        log.warning("vector index device 'gpu' asked for, but FAISS sees no GPU: using the CPU")
+        return None
+    return faiss.StandardGpuResources()
+
+
 class VectorIndex:
-    def __init__(self, dim: int, *, hnsw_above: int = 20_000) -> None:
+    def __init__(self, dim: int, *, hnsw_above: int = 20_000, gpu: Any | None = None) -> None:
         self.dim = dim
         self.hnsw_above = hnsw_above
+        self._gpu = gpu
         self._index = self._flat()
         self.is_hnsw = False
         self._tombstones: set[int] = set()
 
+    @property
+    def on_gpu(self) -> bool:
+        return self._gpu is not None
+
     def _flat(self) -> faiss.IndexIDMap2:
+        if self._gpu is not None:
+            return faiss.IndexIDMap2(faiss.GpuIndexFlatIP(self._gpu, self.dim))
         return faiss.IndexIDMap2(faiss.IndexFlatIP(self.dim))
 
     def _hnsw(self) -> faiss.IndexIDMap2:
@@ -49,12 +78,12 @@ class VectorIndex:
         # Re-adding an id replaces its vector.
         self.remove(ids)
         self._index.add_with_ids(vectors, ids)
-        if not self.is_hnsw and self._index.ntotal > self.hnsw_above:
+        if not self.is_hnsw and not self.on_gpu and self._index.ntotal > self.hnsw_above:
             self._rebuild()
 
     def remove(self, ids: Ids) -> None:
         ids = np.ascontiguousarray(ids, dtype=np.int64)
-        if not self.is_hnsw:
+        if not self.is_hnsw and not self.on_gpu:
             self._index.remove_ids(ids)  # type: ignore[arg-type]  # the wrapper takes arrays
             return
         present = [int(i) for i in ids if self._contains(int(i))]
@@ -79,7 +108,7 @@ class VectorIndex:
         vectors = np.empty((len(live_ids), self.dim), dtype=np.float32)
         for row, id_ in enumerate(live_ids):
             vectors[row] = self._index.reconstruct(int(id_))
-        self.is_hnsw = len(live_ids) > self.hnsw_above
+        self.is_hnsw = not self.on_gpu and len(live_ids) > self.hnsw_above
         self._index = self._hnsw() if self.is_hnsw else self._flat()
         self._tombstones.clear()
         if len(live_ids):
@@ -105,7 +134,8 @@ class VectorIndex:
 
     def save(self, path: str | Path) -> None:
         self._rebuild()
-        faiss.write_index(self._index, str(path))
+        index = faiss.index_gpu_to_cpu(self._index) if self.on_gpu else self._index
+        faiss.write_index(index, str(path))
 
     @classmethod
     def load(cls, path: str | Path, *, hnsw_above: int = 20_000) -> VectorIndex:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from cache.entry import Namespace
 from cache.memory_store import MemoryStore
 from cache.semantic_cache import Hit, Miss, SemanticCache
-from cache.settings import CacheSettings, MemoryStoreSettings
+from cache.settings import CacheSettings, IndexSettings, MemoryStoreSettings
 from router.embedder import Embedder, Embedding
 
 
@@ -220,3 +220,23 @@ def test_a_changed_number_never_hits_the_original(
 
     found = asyncio.run(check())
     assert isinstance(found, Miss) and found.reason == "guard:numbers"
+
+
+async def test_a_gpu_index_falls_back_to_the_cpu_without_one(
+    embedder: Embedder, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`index.device: gpu` on a machine (or FAISS build) without a GPU still caches."""
+    ns = scope(embedder)
+    with caplog.at_level("WARNING", logger="satisfice.index"):
+        async with make_cache(index=IndexSettings(device="gpu")) as cache:
+            await put(cache, embedder, ns, "What is the capital of France?")
+            hit = await semantic(cache, embedder, ns, "Which city is the capital of France?")
+            assert isinstance(hit, Hit)
+    if not faiss_has_gpu():
+        assert "FAISS sees no GPU: using the CPU" in caplog.text
+
+
+def faiss_has_gpu() -> bool:
+    import faiss
+
+    return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
