@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
@@ -24,6 +25,7 @@ from engines.base import (
     EngineUnavailable,
     FinishReason,
     Prompt,
+    PromptTooLong,
     Sample,
     SamplingParams,
     Timings,
@@ -264,6 +266,23 @@ class OpenAIHTTPEngine(FanOutEngine):
             await response.aclose()
 
 
+# How trtllm-serve words a prompt its model cannot take, each giving the prompt's tokens
+# and the limit: the PyTorch backend's check against max_num_tokens (no chunked prefill),
+# the check against max_seq_len, and the OpenAI wording of newer releases (with code
+# "context_length_exceeded"). Matched in the raw body: all of them answer 400.
+_TOO_LONG = (
+    re.compile(
+        r"prompt length \((?P<prompt>\d+)(?:\.\d+)?\), query length \(\d+\) "
+        r"should not exceed max_num_tokens \((?P<limit>\d+)\)"
+    ),
+    re.compile(r"max_seq_len \((?P<limit>\d+)\) - `splited_prompt_len` \((?P<prompt>\d+)\)"),
+    re.compile(
+        r"maximum context length is (?P<limit>\d+) tokens\. "
+        r"However, your messages resulted in (?P<prompt>\d+) tokens"
+    ),
+)
+
+
 def _status_error(engine: str, retry_after_s: float, response: httpx.Response) -> EngineError:
     detail = response.text[:500]
     if response.status_code in (429, 503):
@@ -272,4 +291,7 @@ def _status_error(engine: str, retry_after_s: float, response: httpx.Response) -
         return EngineOverloaded(engine, 0, wait)
     if response.status_code >= 500:
         return EngineUnavailable(engine, f"server error {response.status_code}: {detail}")
+    for pattern in _TOO_LONG:
+        if found := pattern.search(response.text):
+            return PromptTooLong(engine, int(found["prompt"]), int(found["limit"]))
     return EngineError(engine, f"server refused the request ({response.status_code}): {detail}")
