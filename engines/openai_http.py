@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import secrets
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
@@ -40,7 +41,8 @@ from engines.templates import CompletionTemplate
 class _ChatLogprob(msgspec.Struct):
     token: str
     logprob: float
-    top_logprobs: list[TopLogprob] = []
+    # null when no alternatives were asked for (trtllm-serve's non-streaming bodies)
+    top_logprobs: list[TopLogprob] | None = None
 
 
 class _Logprobs(msgspec.Struct):
@@ -78,7 +80,9 @@ def _decode_logprobs(raw: _Logprobs | None) -> tuple[TokenLogprob, ...]:
     if raw is None:
         return ()
     if raw.content is not None:
-        return tuple(TokenLogprob(c.token, c.logprob, tuple(c.top_logprobs)) for c in raw.content)
+        return tuple(
+            TokenLogprob(c.token, c.logprob, tuple(c.top_logprobs or ())) for c in raw.content
+        )
     tops = raw.top_logprobs or [None] * len(raw.tokens)
     return tuple(
         TokenLogprob(
@@ -138,6 +142,10 @@ class OpenAIHTTPEngine(FanOutEngine):
             body["stop"] = list(stops)
         if params.seed is not None:
             body["seed"] = params.seed
+        elif params.temperature > 0:
+            # Some servers (trtllm-serve) fall back to one fixed seed, which would make
+            # every unseeded sample, and every fanned-out branch, the same answer.
+            body["seed"] = secrets.randbelow(2**31)
         if isinstance(prompt, str) or self._settings.api == "completions":
             if not isinstance(prompt, str):
                 assert self._template is not None
@@ -249,7 +257,10 @@ class OpenAIHTTPEngine(FanOutEngine):
             try:
                 response = await self._client.send(request, stream=True)
                 break
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            # A RemoteProtocolError while sending is a keep-alive connection the server
+            # had already closed (trtllm-serve closes idle ones after 5 s): the request
+            # never reached it, so it is retried like a refused connection.
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as exc:
                 if attempt == settings.connect_retries:
                     raise EngineUnavailable(
                         self.name, f"cannot connect to {settings.base_url}: {exc}"
