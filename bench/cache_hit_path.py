@@ -29,10 +29,12 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
 import msgspec
+import numpy as np
 import redis
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,9 +44,11 @@ from cache.redis_store import RedisStore  # noqa: E402
 from cache.semantic_cache import SemanticCache  # noqa: E402
 from cache.settings import CacheSettings, RedisStoreSettings  # noqa: E402
 from cache.warmup import BATCH, warm  # noqa: E402
-from router.embedder import Embedder, EmbedderSettings  # noqa: E402
+from router.embedder import Embedder, EmbedderSettings, Vectors  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data"
+# A miss answers 504 at once instead of generating: this measures the hit path only.
+ONLY_CACHED = {"cache-control": "only-if-cached"}
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
@@ -60,6 +64,25 @@ def questions(limit: int) -> list[str]:
         if len(seen) >= limit:
             break
     return list(seen)[:limit]
+
+
+def embeddings(prompts: list[str], path: Path) -> Vectors:
+    if path.exists():
+        vectors: Vectors = np.load(path)
+        if len(vectors) == len(prompts):
+            return vectors
+    embedder = Embedder(EmbedderSettings(threads=os.cpu_count() or 1, max_batch=256))
+    embedder.load()
+    print(f"embedding {len(prompts)} prompts (kept in {path}) ...", file=sys.stderr)
+    vectors = embedder.encode(prompts)
+    np.save(path, vectors)
+    return vectors
+
+
+def fingerprint_of_bundled() -> str:
+    embedder = Embedder(EmbedderSettings())
+    embedder.load()
+    return embedder.fingerprint
 
 
 def warm_lines(prompts: list[str]) -> bytes:
@@ -169,7 +192,7 @@ async def load(url: str, prompts: list[str], clients: int, requests: int) -> dic
                 body = {"model": "small", "messages": [
                     {"role": "user", "content": prompts[i % len(prompts)]}]}  # fmt: skip
                 started = time.perf_counter()
-                response = await http.post("/v1/chat/completions", json=body)
+                response = await http.post("/v1/chat/completions", json=body, headers=ONLY_CACHED)
                 latencies.append((time.perf_counter() - started) * 1000)
                 source = response.headers.get("x-satisfice-cache", str(response.status_code))
                 sources[source] = sources.get(source, 0) + 1
@@ -209,6 +232,16 @@ async def main() -> None:
     print("warm-up throughput ...", file=sys.stderr)
     sample = random.Random(0).sample(prompts, args.warmup_sample)
     report["warmup"] = await warmup_ratio(embedder, sample, rounds=3)
+    print(json.dumps(report["warmup"]), file=sys.stderr)
+    await embedder.close()
+
+    # The large warm-up below is about Redis and the index, not the embedder (measured
+    # above): its vectors are computed once, with every core, and kept for reruns.
+    vectors = embeddings(prompts, out / f"qqp_{len(prompts)}_vectors.npy")
+    by_prompt = {p: i for i, p in enumerate(prompts)}
+
+    async def known(texts: Sequence[str]) -> Vectors:
+        return vectors[[by_prompt[t] for t in texts]]
 
     prefix = f"bench-hits-{uuid.uuid4().hex[:8]}"
     print(f"warming {len(prompts)} entries into Redis ({prefix}) ...", file=sys.stderr)
@@ -216,14 +249,14 @@ async def main() -> None:
     cache = await open_cache(prefix)
     started = time.perf_counter()
     warmed = await warm(
-        cache, warm_lines(prompts), tenant="default", embed_many=embedder.embed_many,
-        embedding_model=embedder.fingerprint,
+        cache, warm_lines(prompts), tenant="default", embed_many=known,
+        embedding_model=fingerprint_of_bundled(),
     )  # fmt: skip
-    report["warm_s"] = time.perf_counter() - started
+    report["warm_s_precomputed_vectors"] = time.perf_counter() - started
     report["warmed"] = warmed.added
     await cache.close()
-    await embedder.close()
-    report["redis_bytes_per_entry"] = (redis_used_bytes() - before) / len(prompts)
+    report["redis_bytes_per_entry"] = (redis_used_bytes() - before) / warmed.added
+    print(json.dumps(report), file=sys.stderr)
 
     empty = Gateway(f"bench-empty-{uuid.uuid4().hex[:8]}", out)
     empty.wait_ready()
@@ -234,7 +267,7 @@ async def main() -> None:
     report["rss_mib_empty"] = empty_rss
     report["rss_mib_with_entries"] = rss_mib(full.process.pid)
     report["process_mib_per_100k"] = (
-        (report["rss_mib_with_entries"] - empty_rss) * 100_000 / len(prompts)  # type: ignore[operator]
+        (report["rss_mib_with_entries"] - empty_rss) * 100_000 / warmed.added  # type: ignore[operator]
     )
     try:
         rng = random.Random(1)
@@ -248,6 +281,7 @@ async def main() -> None:
                 "one_client": await load(full.url, queries, 1, min(500, args.requests)),
                 "concurrent": await load(full.url, queries, args.clients, args.requests),
             }
+            print(json.dumps(phases[name]), file=sys.stderr)
         report["latency"] = phases
         report["rss_mib_after_load"] = rss_mib(full.process.pid)
     finally:

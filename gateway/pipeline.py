@@ -39,12 +39,14 @@ DEFAULT_TENANT = "default"
 class CacheControl(msgspec.Struct, frozen=True):
     lookup: bool = True
     store: bool = True
+    only_cached: bool = False  # a miss is an error, not an engine call
 
 
 def cache_control(headers: Mapping[str, str]) -> CacheControl:
     """Per-request cache control: ``x-satisfice-cache: bypass`` (do not look up),
     ``no-store`` (do not keep the answer), or both; HTTP's own ``Cache-Control:
-    no-cache`` / ``no-store`` mean the same."""
+    no-cache`` / ``no-store`` mean the same, and ``only-if-cached`` answers a miss
+    with 504 instead of generating (RFC 9111, 5.2.1.7)."""
     tokens = {t.strip().lower() for t in headers.get(CACHE_HEADER, "").split(",") if t.strip()}
     unknown = tokens - {"bypass", "no-store"}
     if unknown:
@@ -57,6 +59,7 @@ def cache_control(headers: Mapping[str, str]) -> CacheControl:
     return CacheControl(
         lookup="bypass" not in tokens and "no-cache" not in standard,
         store="no-store" not in tokens and "no-store" not in standard,
+        only_cached="only-if-cached" in standard,
     )
 
 
@@ -123,9 +126,8 @@ async def handle(
     checked = check(request, runtime.engines, runtime.config.server)
     if request.model == AUTO_MODEL and runtime.router is None:
         raise unknown_model(request.model, runtime.engines, " (routing is turned off)")
-    cache, plan = runtime.cache, None
+    cache, plan, control = runtime.cache, None, cache_control(headers)
     if cache is not None:
-        control = cache_control(headers)
         plan = cache_plan(request, checked, cache.settings, runtime.embedding_model, control)
     embedded = Embedded(runtime, last_user_turn(checked.messages))
 
@@ -141,6 +143,14 @@ async def handle(
                 answer=answer, source=found.path, engine=entry.model, similarity=found.similarity
             )
         status = "miss"
+    if control.only_cached:
+        raise APIError(
+            504,
+            "no cached answer for this request, and Cache-Control: only-if-cached forbids "
+            "generating one",
+            type="server_error",
+            code="cache_miss",
+        )
 
     decision = await route(runtime, embedded) if request.model == AUTO_MODEL else None
     engine = runtime.engines[decision.engine if decision else request.model]

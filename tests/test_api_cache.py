@@ -132,6 +132,17 @@ def test_near_misses_and_sampled_requests_are_not_served(cached_url: str) -> Non
     assert headers["x-satisfice-cache"] == "bypass"
 
 
+def test_only_if_cached_never_generates(cached_url: str) -> None:
+    only_cached = {"cache-control": "only-if-cached"}
+    with pytest.raises(openai.APIStatusError) as error:
+        ask(cached_url, unique("What is the tallest mountain?"), extra_headers=only_cached)
+    assert error.value.status_code == 504
+    assert error.value.body["code"] == "cache_miss"  # type: ignore[index]
+    ask(cached_url, "What is 15% of 80?")
+    _, headers = ask(cached_url, "What is 15% of 80?", extra_headers=only_cached)
+    assert headers["x-satisfice-cache"] == "exact"
+
+
 def test_headers_bypass_lookup_and_storing(cached_url: str) -> None:
     prompt = unique("Name a primary colour.")
     _, headers = ask(cached_url, prompt, extra_headers={"x-satisfice-cache": "no-store"})
