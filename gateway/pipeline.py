@@ -18,7 +18,7 @@ import msgspec
 
 from cache.coalesce import Flight
 from cache.entry import Namespace, context_fingerprint, entry_id, sampling_key
-from cache.semantic_cache import Hit
+from cache.semantic_cache import Hit, SemanticCache
 from cache.settings import CacheSettings
 from engines.base import Generation, Message
 from gateway.chat import Answer, ChatCall, Checked, Finished, check, new_call, unknown_model
@@ -133,15 +133,9 @@ async def handle(
 
     status: Literal["miss", "bypass", "off"] = "off" if cache is None else "bypass"
     if cache is not None and plan is not None and plan.lookup:
-        found, _ = await cache.lookup(plan.namespace, plan.prompt, embedded.get)
-        if isinstance(found, Hit) and found.entry.completion_tokens <= checked.params.max_tokens:
-            entry = found.entry
-            answer = Answer(
-                text=entry.response, finish_reason="stop", completion_tokens=entry.completion_tokens
-            )
-            return Served(
-                answer=answer, source=found.path, engine=entry.model, similarity=found.similarity
-            )
+        served = await _from_cache(cache, plan, embedded, checked.params.max_tokens)
+        if served is not None:
+            return served
         status = "miss"
     if control.only_cached:
         raise APIError(
@@ -160,23 +154,9 @@ async def handle(
         key = (plan.namespace.key, entry_id(plan.namespace, plan.prompt), checked.params)
         flight, leads = runtime.flights.join(key)
         if not leads:
-            # Bounded by the engine's own timeout: a leader whose response never
-            # started (its client left first) may never land its flight.
-            limit = runtime.config.engines[engine.name].timeout_s
-            try:
-                async with asyncio.timeout(limit):
-                    generation = await flight.wait()
-            except TimeoutError:
-                generation = None
-            if generation is not None:
-                sample = generation.samples[0]
-                answer = Answer(
-                    text=sample.text,
-                    finish_reason=sample.finish_reason,
-                    completion_tokens=sample.completion_tokens,
-                    prompt_tokens=generation.prompt_tokens,
-                )
-                return Served(answer=answer, source="coalesced", engine=generation.engine)
+            served = await _follow(flight, runtime.config.engines[engine.name].timeout_s)
+            if served is not None:
+                return served
             flight = None  # the leader got no answer: this request makes its own
 
     storing = cache is not None and plan is not None and plan.store
@@ -194,6 +174,41 @@ async def handle(
         runtime.in_background(asyncio.ensure_future(write))
 
     return Dispatch(call=call, cache=status, finished=finished)
+
+
+async def _from_cache(
+    cache: SemanticCache, plan: CachePlan, embedded: Embedded, max_tokens: int
+) -> Served | None:
+    found, _ = await cache.lookup(plan.namespace, plan.prompt, embedded.get)
+    # An answer longer than the client allows is not its answer.
+    if not isinstance(found, Hit) or found.entry.completion_tokens > max_tokens:
+        return None
+    entry = found.entry
+    answer = Answer(
+        text=entry.response, finish_reason="stop", completion_tokens=entry.completion_tokens
+    )
+    return Served(answer=answer, source=found.path, engine=entry.model, similarity=found.similarity)
+
+
+async def _follow(flight: Flight[Generation], limit_s: float | None) -> Served | None:
+    """The answer of the identical request in flight, or None if it got none."""
+    # Bounded by the engine's own timeout: a leader whose response never started
+    # (its client left first) may never land its flight.
+    try:
+        async with asyncio.timeout(limit_s):
+            generation = await flight.wait()
+    except TimeoutError:
+        return None
+    if generation is None:
+        return None
+    sample = generation.samples[0]
+    answer = Answer(
+        text=sample.text,
+        finish_reason=sample.finish_reason,
+        completion_tokens=sample.completion_tokens,
+        prompt_tokens=generation.prompt_tokens,
+    )
+    return Served(answer=answer, source="coalesced", engine=generation.engine)
 
 
 async def route(runtime: Runtime, embedded: Embedded) -> RouteDecision:
