@@ -1,4 +1,6 @@
 """Evaluator: confidence signals, calibration and the early-exit reasoning loop.
 
-Not built yet (see the evaluator issue).
+Built so far: answer extraction and grading (answers), the signals (signals), labelled
+runs (runs) and the calibrator that maps signals to P(correct) (calibration). The loop
+is not built yet (see the evaluator issue).
 """

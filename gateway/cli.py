@@ -10,6 +10,7 @@ import msgspec
 
 from gateway.cache_commands import add_commands as add_cache_commands
 from gateway.config import ConfigError, GatewayConfig, load_config
+from gateway.evaluator_commands import add_commands as add_evaluator_commands
 from gateway.router_commands import add_commands as add_router_commands
 from router.model_file import RouterFileError
 from router.outcomes import OutcomeError
@@ -65,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
 
     add_router_commands(commands)
     add_cache_commands(commands)
+    add_evaluator_commands(commands)
     return parser
 
 

@@ -1,0 +1,393 @@
+"""Calibration: from a round's signals to P(the answer is correct).
+
+Logistic regression on the standardised signals, then, given enough labels, isotonic
+regression on the logistic output (Zadrozny & Elkan's two-step recipe, as sklearn's
+``CalibratedClassifierCV(method="isotonic", ensemble=False)`` does it): the logistic
+model ranks, the isotonic map fixes the shape of its probabilities where the sigmoid
+is wrong. Below the label count the isotonic step overfits, so it is left out.
+
+The model file is msgpack with a versioned header naming the features in order and the
+signal settings they were computed with; a file with another version, unknown features
+or features other than the caller expects is refused with a message naming the file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+from evaluator.answers import extract, is_correct
+from evaluator.runs import Run
+from evaluator.signals import (
+    DEFAULT_SETTINGS,
+    FEATURES,
+    Signals,
+    SignalSettings,
+    compute_signals,
+)
+
+FloatArray = npt.NDArray[np.float64]
+
+FORMAT: Literal["satisfice-calibrator"] = "satisfice-calibrator"
+VERSION = 1
+# Isotonic regression needs this many labels before its steps mean anything.
+ISOTONIC_MIN_LABELS = 200
+
+
+class CalibratorFileError(ValueError):
+    """A calibrator file that cannot be used; the message names the file."""
+
+
+class Calibrator(msgspec.Struct, frozen=True, kw_only=True):
+    format: Literal["satisfice-calibrator"] = FORMAT
+    version: int = VERSION
+    features: Annotated[list[str], msgspec.Meta(min_length=1)]  # the row order
+    signals: SignalSettings  # compute the features with these, or they mean other things
+    mean: list[float]  # per feature, seen in fitting
+    scale: list[float]
+    weights: list[float]
+    bias: float
+    # Breakpoints of the isotonic map over the logistic probability; empty when unused.
+    isotonic_x: list[float] = []
+    isotonic_y: list[float] = []
+    labels: int = 0  # how many labelled rows it was fitted on
+    positives: int = 0
+    trained_on: str = ""
+
+    def predict(self, rows: npt.ArrayLike) -> FloatArray:
+        """P(correct) for each row of features, in ``self.features`` order."""
+        x = np.asarray(rows, dtype=np.float64).reshape(-1, len(self.features))
+        standard = (x - np.asarray(self.mean)) / np.asarray(self.scale)
+        p = _sigmoid(standard @ np.asarray(self.weights) + self.bias)
+        if self.isotonic_x:
+            # sklearn's IsotonicRegression.predict with out_of_bounds="clip" is exactly
+            # this linear interpolation between its thresholds.
+            p = np.interp(p, self.isotonic_x, self.isotonic_y)
+        return p
+
+    def probability(self, signals: Signals) -> float:
+        return float(self.predict([signals.features(self.features)])[0])
+
+
+def _sigmoid(z: FloatArray) -> FloatArray:
+    # exp(-log(1 + e^-z)) does not overflow for large |z|.
+    return np.exp(-np.logaddexp(0.0, -z))
+
+
+# --- fitting ---------------------------------------------------------------------------
+
+
+def fit(
+    rows: npt.ArrayLike,
+    labels: npt.ArrayLike,
+    features: Sequence[str],
+    *,
+    signals: SignalSettings = DEFAULT_SETTINGS,
+    isotonic_min: int = ISOTONIC_MIN_LABELS,
+    regularisation: float = 1.0,
+    seed: int = 0,
+    trained_on: str = "",
+) -> Calibrator:
+    """Fit on feature rows (in ``features`` order) and whether each answer was right."""
+    from sklearn.linear_model import LogisticRegression
+
+    x, y = _check(rows, labels, features)
+    mean, scale = x.mean(axis=0), x.std(axis=0)
+    # A constant feature carries nothing; a unit scale keeps it from dividing by zero.
+    scale[scale == 0] = 1.0
+    standard = (x - mean) / scale
+    regression = LogisticRegression(C=regularisation, max_iter=1000)
+    regression.fit(standard, y)
+    model = Calibrator(
+        features=list(features),
+        signals=signals,
+        mean=mean.tolist(),
+        scale=scale.tolist(),
+        weights=regression.coef_[0].tolist(),
+        bias=float(regression.intercept_[0]),
+        labels=len(y),
+        positives=int(y.sum()),
+        trained_on=trained_on,
+    )
+    if len(y) < isotonic_min:
+        return model
+    held_out = _out_of_fold(model, standard, y, seed, regularisation)
+    if held_out is None:
+        return model
+    from sklearn.isotonic import IsotonicRegression
+
+    isotonic = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip")
+    isotonic.fit(held_out, y)
+    return msgspec.structs.replace(
+        model,
+        isotonic_x=np.asarray(isotonic.X_thresholds_, dtype=np.float64).tolist(),
+        isotonic_y=np.asarray(isotonic.y_thresholds_, dtype=np.float64).tolist(),
+    )
+
+
+def _out_of_fold(
+    model: Calibrator, standard: FloatArray, y: FloatArray, seed: int, regularisation: float
+) -> FloatArray | None:
+    """Logistic probabilities for each row from a model that did not see it.
+
+    The isotonic map is fitted on these, not on the full model's own (in-sample)
+    outputs, which are more extreme than what it will see in service.
+    """
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import StratifiedKFold
+
+    fewest = int(min(y.sum(), len(y) - y.sum()))
+    if fewest < 2:
+        return None
+    splits = StratifiedKFold(n_splits=min(5, fewest), shuffle=True, random_state=seed)
+    held_out = np.empty(len(y))
+    for train, test in splits.split(standard, y):
+        regression = LogisticRegression(C=regularisation, max_iter=1000)
+        regression.fit(standard[train], y[train])
+        held_out[test] = regression.predict_proba(standard[test])[:, 1]
+    return held_out
+
+
+def cross_validate(
+    rows: npt.ArrayLike,
+    labels: npt.ArrayLike,
+    groups: npt.ArrayLike,
+    features: Sequence[str],
+    *,
+    folds: int = 5,
+    seed: int = 0,
+    **options: Any,
+) -> FloatArray:
+    """P(correct) for every row from a calibrator fitted on the other folds only.
+
+    Rows that share a group (one question's rows at several k) fall in the same fold,
+    so that no question is scored by a model that saw it.
+    """
+    x, y = _check(rows, labels, features)
+    g = np.asarray(groups).reshape(-1)
+    if len(g) != len(y):
+        raise ValueError(f"{len(g)} groups for {len(y)} rows")
+    unique = np.unique(g)
+    if not 2 <= folds <= len(unique):
+        raise ValueError(f"folds must be within 2..{len(unique)} (one per question at most)")
+    order = np.random.default_rng(seed).permutation(unique)
+    held_out = np.empty(len(y))
+    for number, fold in enumerate(np.array_split(order, folds), start=1):
+        test = np.isin(g, fold)
+        try:
+            model = fit(x[~test], y[~test], features, seed=seed, **options)
+        except ValueError as exc:
+            raise ValueError(f"fold {number} of {folds}: {exc}") from exc
+        held_out[test] = model.predict(x[test])
+    return held_out
+
+
+def _check(
+    rows: npt.ArrayLike, labels: npt.ArrayLike, features: Sequence[str]
+) -> tuple[FloatArray, FloatArray]:
+    unknown = [name for name in features if name not in FEATURES]
+    if unknown or not features:
+        raise ValueError(f"unknown features {unknown}; known: {', '.join(FEATURES)}")
+    x = np.asarray(rows, dtype=np.float64).reshape(-1, len(features))
+    y = np.asarray(labels, dtype=np.float64).reshape(-1)
+    if len(x) != len(y):
+        raise ValueError(f"{len(x)} rows for {len(y)} labels")
+    if not np.isfinite(x).all():
+        raise ValueError("features must be finite numbers")
+    if not np.isin(y, (0.0, 1.0)).all():
+        raise ValueError("labels must be 0 or 1")
+    if len(np.unique(y)) < 2:
+        raise ValueError("the labels need both correct and incorrect answers")
+    return x, y
+
+
+# --- measuring -------------------------------------------------------------------------
+
+
+def expected_calibration_error(
+    probabilities: npt.ArrayLike, labels: npt.ArrayLike, bins: int = 10
+) -> float:
+    """ECE over ``bins`` equal-width bins of [0, 1]: Σ_b |B_b|/n · |acc(B_b) - conf(B_b)|.
+
+    Bin b holds probabilities in [b/bins, (b+1)/bins); the last bin also holds 1.0.
+    """
+    p, y = _pair(probabilities, labels)
+    if bins < 1:
+        raise ValueError("bins must be at least 1")
+    which = np.minimum((p * bins).astype(np.int64), bins - 1)
+    total = 0.0
+    for b in np.unique(which):
+        members = which == b
+        total += members.sum() * abs(float(y[members].mean()) - float(p[members].mean()))
+    return float(total) / len(p)
+
+
+def brier_score(probabilities: npt.ArrayLike, labels: npt.ArrayLike) -> float:
+    """Mean squared difference between P(correct) and the 0/1 outcome."""
+    p, y = _pair(probabilities, labels)
+    return float(np.mean((p - y) ** 2))
+
+
+def roc_auc(scores: npt.ArrayLike, labels: npt.ArrayLike) -> float:
+    """How often a correct answer outscores a wrong one (ties count half): Mann-Whitney
+    U over average ranks, as sklearn's roc_auc_score. NaN when one class is empty.
+
+    router.metrics has the same statistic, but the evaluator may not import the router.
+    """
+    s = np.asarray(scores, dtype=np.float64).reshape(-1)
+    y = np.asarray(labels, dtype=np.float64).reshape(-1).astype(bool)
+    if len(s) != len(y):
+        raise ValueError(f"{len(s)} scores for {len(y)} labels")
+    positives = int(y.sum())
+    negatives = len(y) - positives
+    if positives == 0 or negatives == 0:
+        return float("nan")
+    order = np.argsort(s, kind="stable")
+    ordered = s[order]
+    starts = np.concatenate([[0], np.flatnonzero(ordered[1:] != ordered[:-1]) + 1])
+    ends = np.append(starts[1:], len(s))
+    ranks = np.empty(len(s))
+    ranks[order] = np.repeat((starts + ends + 1) / 2, ends - starts)
+    u = float(ranks[y].sum()) - positives * (positives + 1) / 2
+    return u / (positives * negatives)
+
+
+class CalibrationMetrics(msgspec.Struct, frozen=True):
+    n: int
+    accuracy: float  # share of answers that were right: the base rate
+    ece: float
+    brier: float
+    roc_auc: float
+
+
+def measure(probabilities: npt.ArrayLike, labels: npt.ArrayLike) -> CalibrationMetrics:
+    p, y = _pair(probabilities, labels)
+    return CalibrationMetrics(
+        n=len(p),
+        accuracy=float(y.mean()),
+        ece=expected_calibration_error(p, y),
+        brier=brier_score(p, y),
+        roc_auc=roc_auc(p, y),
+    )
+
+
+def _pair(probabilities: npt.ArrayLike, labels: npt.ArrayLike) -> tuple[FloatArray, FloatArray]:
+    p = np.asarray(probabilities, dtype=np.float64).reshape(-1)
+    y = np.asarray(labels, dtype=np.float64).reshape(-1)
+    if len(p) != len(y) or len(p) == 0:
+        raise ValueError(f"{len(p)} probabilities for {len(y)} labels")
+    if not ((p >= 0) & (p <= 1)).all():
+        raise ValueError("probabilities must lie in [0, 1]")
+    return p, y
+
+
+# --- training data from labelled runs --------------------------------------------------
+
+
+class TrainingSet(msgspec.Struct, frozen=True, kw_only=True):
+    """One row per (run, k): the signals of the first k samples' majority answer, and
+    whether that answer is right."""
+
+    signals: list[Signals]
+    labels: list[bool]
+    groups: list[int]  # the run's position in the file, for folds that keep runs whole
+    ks: list[int]
+    short: dict[int, int]  # per k: runs left out for having fewer than k samples
+
+    def rows(self, features: Sequence[str]) -> FloatArray:
+        return np.array([s.features(features) for s in self.signals], dtype=np.float64)
+
+
+def training_set(
+    runs: Sequence[Run], ks: Sequence[int], settings: SignalSettings = DEFAULT_SETTINGS
+) -> TrainingSet:
+    if not ks or min(ks) < 1:
+        raise ValueError("k must be at least 1")
+    signals: list[Signals] = []
+    labels: list[bool] = []
+    groups: list[int] = []
+    row_ks: list[int] = []
+    short = dict.fromkeys(ks, 0)
+    for position, run in enumerate(runs):
+        answers = [extract(run.kind, sample.text) for sample in run.samples]
+        for k in ks:
+            if len(run.samples) < k:
+                short[k] += 1
+                continue
+            found = compute_signals(
+                run.kind, run.samples[:k], answers=answers[:k], settings=settings
+            )
+            signals.append(found)
+            labels.append(_majority_correct(run, answers[:k], found.answer))
+            groups.append(position)
+            row_ks.append(k)
+    return TrainingSet(signals=signals, labels=labels, groups=groups, ks=row_ks, short=short)
+
+
+def _majority_correct(run: Run, answers: Sequence[str | None], answer: str | None) -> bool:
+    if answer is None:
+        return False
+    # Graded on the text of a sample that gave the answer, so the field's rules in
+    # evaluator.answers apply unchanged (aliases, numeric tolerance, whole words).
+    sample = run.samples[answers.index(answer)]
+    return is_correct(run.question, sample.text)
+
+
+# --- the file --------------------------------------------------------------------------
+
+
+class _Header(msgspec.Struct):
+    format: str = ""
+    version: int = 0
+
+
+def write_calibrator(model: Calibrator, path: str | Path) -> None:
+    Path(path).write_bytes(msgspec.msgpack.encode(model))
+
+
+def read_calibrator(path: str | Path, *, features: Sequence[str] | None = None) -> Calibrator:
+    """Load a calibrator; with ``features``, refuse one fitted on any other list."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise CalibratorFileError(f"{path}: cannot read: {exc}") from exc
+    try:
+        header = msgspec.msgpack.decode(data, type=_Header)
+    except msgspec.DecodeError as exc:
+        raise CalibratorFileError(f"{path}: not a {FORMAT} file: {exc}") from exc
+    if header.format != FORMAT:
+        raise CalibratorFileError(f"{path}: not a {FORMAT} file (format {header.format!r})")
+    if header.version != VERSION:
+        raise CalibratorFileError(
+            f"{path}: {FORMAT} version {header.version}, but this Satisfice reads version "
+            f"{VERSION}; refit it with `satisfice evaluator fit`"
+        )
+    try:
+        model = msgspec.msgpack.decode(data, type=Calibrator)
+    except msgspec.DecodeError as exc:
+        raise CalibratorFileError(f"{path}: corrupt {FORMAT} file: {exc}") from exc
+    unknown = [name for name in model.features if name not in FEATURES]
+    if unknown:
+        raise CalibratorFileError(
+            f"{path}: fitted on features this Satisfice does not compute: {', '.join(unknown)}"
+        )
+    if features is not None and list(features) != model.features:
+        raise CalibratorFileError(
+            f"{path}: fitted on features [{', '.join(model.features)}], but "
+            f"[{', '.join(features)}] were expected; refit it with `satisfice evaluator fit`"
+        )
+    width = len(model.features)
+    if not (len(model.mean) == len(model.scale) == len(model.weights) == width) or len(
+        model.isotonic_x
+    ) != len(model.isotonic_y):
+        raise CalibratorFileError(
+            f"{path}: corrupt: {width} features but {len(model.weights)} weights, "
+            f"{len(model.mean)} means, {len(model.scale)} scales, "
+            f"{len(model.isotonic_x)}/{len(model.isotonic_y)} isotonic points"
+        )
+    return model

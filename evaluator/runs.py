@@ -1,0 +1,98 @@
+"""Labelled runs: a question, its gold answers and the samples a model gave for it.
+
+What the calibrator is fitted on and what the trace bank writes, one JSON object per
+line::
+
+    {"id": "gsm8k-17", "kind": "number", "answers": ["18"],
+     "samples": [{"text": "... The answer is 18.",
+                  "logprobs": [["18", -0.02, [["18", -0.02], ["16", -4.1]]], ...]}]}
+
+A token is ``[token, logprob, [[alternative, logprob], ...]]`` (the alternatives may be
+left out), so that a bank of thousands of samples stays a readable size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+
+from evaluator.answers import AnswerKind, LabelledQuestion
+
+
+class RunAlternative(msgspec.Struct, frozen=True, array_like=True):
+    token: str
+    logprob: float
+
+
+class RunToken(msgspec.Struct, frozen=True, array_like=True):
+    token: str
+    logprob: float
+    top: tuple[RunAlternative, ...] = ()
+
+
+class RunSample(msgspec.Struct, frozen=True, kw_only=True):
+    text: str
+    logprobs: tuple[RunToken, ...] = ()
+    # Tokens the sample cost; None where the source did not say.
+    completion_tokens: Annotated[int, msgspec.Meta(ge=0)] | None = None
+
+
+class Run(msgspec.Struct, frozen=True, kw_only=True):
+    id: Annotated[str, msgspec.Meta(min_length=1)]
+    kind: AnswerKind
+    answers: Annotated[list[str], msgspec.Meta(min_length=1)]  # gold, aliases for text
+    samples: Annotated[tuple[RunSample, ...], msgspec.Meta(min_length=1)]
+    prompt: str = ""
+    source: str = ""
+
+    @property
+    def question(self) -> LabelledQuestion:
+        return LabelledQuestion(self.prompt, self.answers, self.kind, self.source)
+
+
+class RunFileError(ValueError):
+    """A runs file that cannot be used; the message names the file and line."""
+
+
+class LoadedRuns(msgspec.Struct, frozen=True):
+    runs: list[Run]
+    skipped: list[str]  # "FILE:LINE: why", one per malformed line skipped
+
+
+def read_runs(path: str | Path, *, skip_bad: bool = False) -> LoadedRuns:
+    """Read a runs file. A malformed line is an error unless ``skip_bad``, in which case
+    it is skipped and reported; a file with no usable run is always an error."""
+    decoder = msgspec.json.Decoder(Run)
+    runs: list[Run] = []
+    skipped: list[str] = []
+    for number, line in _lines(path):
+        try:
+            runs.append(decoder.decode(line))
+        except msgspec.DecodeError as exc:
+            problem = f"{path}:{number}: {exc}"
+            if not skip_bad:
+                raise RunFileError(f"{problem} (pass --skip-bad to skip malformed lines)") from exc
+            skipped.append(problem)
+    if not runs:
+        raise RunFileError(f"{path}: no usable runs")
+    return LoadedRuns(runs, skipped)
+
+
+def write_runs(runs: list[Run], path: str | Path) -> None:
+    encoder = msgspec.json.Encoder()
+    with Path(path).open("wb") as out:
+        for run in runs:
+            out.write(encoder.encode(run) + b"\n")
+
+
+def _lines(path: str | Path) -> Iterator[tuple[int, bytes]]:
+    try:
+        with Path(path).open("rb") as file:
+            for number, line in enumerate(file, start=1):
+                if line.strip():
+                    yield number, line
+    except OSError as exc:
+        raise RunFileError(f"{path}: cannot read: {exc}") from exc
