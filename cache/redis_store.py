@@ -65,6 +65,7 @@ T = TypeVar("T")
 _BLOCK_S: Final = 1.0
 # Keys per SCAN round trip (and entries per pipelined HGETALL), events per XREAD.
 _BATCH: Final = 500
+_BULK_TIMEOUT_S: Final = 10.0
 # Errors that mean Redis cannot serve us now, rather than refusing one command. A
 # read-only replica (after a failover) cannot take writes until clients move on.
 _UNREACHABLE: Final = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, OSError)
@@ -247,6 +248,10 @@ class RedisStore:
         # trip their timeout. Two: the next read may start while a cancelled one is
         # still letting go.
         reader = {**common, "max_connections": 2, "socket_timeout": _BLOCK_S + settings.timeout_s}
+        # Scans over every entry (an index rebuild, an invalidation, stats) move far more
+        # than a request's lookup: on connections of their own, with a longer limit, so
+        # a rebuild under load is neither cut short nor taken for an outage.
+        bulk = {**common, "max_connections": 2, "socket_timeout": _BULK_TIMEOUT_S}
         if url.scheme == SENTINEL_SCHEME:
             sentinel, service = _sentinel(settings.url, common)
             self._redis = sentinel.master_for(
@@ -256,6 +261,7 @@ class RedisStore:
                 **common,
             )
             self._reader = sentinel.master_for(service, **reader)
+            self._bulk = sentinel.master_for(service, **bulk)
         else:
             # A blocking pool: a burst beyond max_connections waits (within
             # timeout_s) for a connection instead of failing as if Redis were down.
@@ -269,6 +275,7 @@ class RedisStore:
                 )
             )
             self._reader = Redis.from_pool(ConnectionPool.from_url(settings.url, **reader))
+            self._bulk = Redis.from_pool(ConnectionPool.from_url(settings.url, **bulk))
         self._closed = asyncio.Event()
         self._step_in_flight: asyncio.Task[Any] | None = None
         # Where the change follower reads from, and how many entries the stream had
@@ -306,6 +313,7 @@ class RedisStore:
             step.cancel()
             await asyncio.wait((step,))
         await self._reader.aclose()
+        await self._bulk.aclose()
         await self._redis.aclose()
 
     # -- entries --------------------------------------------------------------------
@@ -395,7 +403,7 @@ class RedisStore:
                     self._corrupt(key, "not an entry key")
                 else:
                     located.append((key, where))
-            raws = await self._hgetall([key for key, _ in located])
+            raws = await self._hgetall([key for key, _ in located], bulk=True)
             for (key, (namespace, id_)), raw in zip(located, raws, strict=True):
                 entry = self._entry(key, raw, namespace, id_)
                 if entry is not None:
@@ -540,6 +548,7 @@ class RedisStore:
         op: Callable[[Redis], Awaitable[T]],
         *,
         reader: bool = False,
+        bulk: bool = False,
         timeout_s: float | None = None,
     ) -> T:
         """One round trip, bounded by ``timeout_s`` (default: the settings'). Callers'
@@ -554,8 +563,10 @@ class RedisStore:
                 raise StoreUnavailable(f"Redis at {self._where} is unavailable")
         started = time.monotonic()
         try:
-            async with asyncio.timeout(timeout_s or self.settings.timeout_s):
-                result = await op(self._reader if reader else self._redis)
+            limit = timeout_s or (_BULK_TIMEOUT_S if bulk else self.settings.timeout_s)
+            client = self._reader if reader else self._bulk if bulk else self._redis
+            async with asyncio.timeout(limit):
+                result = await op(client)
         except _UNREACHABLE as exc:
             self._unreachable(exc, counted=not reader)
             raise StoreUnavailable(f"Redis at {self._where} is unavailable: {exc}") from exc
@@ -675,14 +686,16 @@ class RedisStore:
                 return
 
     async def _scan_once(self, cursor: int, pattern: str) -> tuple[int, list[bytes]]:
-        reply = await self._call(lambda redis: redis.scan(cursor, match=pattern, count=_BATCH))
+        reply = await self._call(
+            lambda redis: redis.scan(cursor, match=pattern, count=_BATCH), bulk=True
+        )
         # Bytes, as the clients do not decode; typed either way by redis-py.
         return int(reply[0]), [k if isinstance(k, bytes) else k.encode() for k in reply[1]]
 
     async def _unlink(self, keys: list[bytes]) -> int:
-        return int(await self._call(lambda redis: redis.unlink(*keys)))
+        return int(await self._call(lambda redis: redis.unlink(*keys), bulk=True))
 
-    async def _hgetall(self, keys: list[str] | list[bytes]) -> list[Any]:
+    async def _hgetall(self, keys: list[str] | list[bytes], *, bulk: bool = False) -> list[Any]:
         """Each key's hash (empty when absent), or the error Redis answered for it
         (a key of another type): one pipelined round trip."""
         if not keys:
@@ -694,7 +707,7 @@ class RedisStore:
                     pipe.hgetall(key)
                 return await pipe.execute(raise_on_error=False)
 
-        return await self._call(read)
+        return await self._call(read, bulk=bulk)
 
     def _entry(self, key: str | bytes, raw: Any, namespace: str, id_: int) -> CacheEntry | None:
         """The live entry a hash holds; None, logged, for anything that is not one."""

@@ -90,16 +90,22 @@ class CacheStats(msgspec.Struct, frozen=True, kw_only=True):
     counters: CacheCounters
 
 
+class _Indexes:
+    """One vector index per namespace; id -> (namespace, expires_at) of every indexed
+    vector; and a heap of expiry times, to drop vectors when their entries expire."""
+
+    def __init__(self) -> None:
+        self.indexes: dict[str, VectorIndex] = {}
+        self.indexed: dict[int, tuple[str, float | None]] = {}
+        self.expiry: list[tuple[float, int]] = []
+
+
 class SemanticCache:
     def __init__(self, settings: CacheSettings, store: CacheStore) -> None:
         self.settings = settings
         self.store = store
         self.counters = CacheCounters()
-        self._indexes: dict[str, VectorIndex] = {}
-        # id -> (namespace, expires_at) of every indexed vector, and a heap of expiry
-        # times to drop them when they expire.
-        self._indexed: dict[int, tuple[str, float | None]] = {}
-        self._expiry: list[tuple[float, int]] = []
+        self._state = _Indexes()
         self._faiss = ThreadPoolExecutor(1, thread_name_prefix="cache-index")
         self._gpu = gpu_resources(settings.index.device)
         self._tasks: list[asyncio.Task[None]] = []
@@ -172,7 +178,7 @@ class SemanticCache:
     async def _semantic(
         self, namespace: Namespace, prompt: str, embedding: Embedding
     ) -> Hit | Miss:
-        index = self._indexes.get(namespace.key)
+        index = self._state.indexes.get(namespace.key)
         if not self.settings.semantic or index is None or len(index) == 0:
             return Miss("empty")
         similarities, ids = await self._index(
@@ -265,10 +271,10 @@ class SemanticCache:
     def contains(self, id_: int) -> bool:
         """Whether this process has the entry indexed (the store may have dropped it
         since; the next lookup that meets it will notice)."""
-        return id_ in self._indexed
+        return id_ in self._state.indexed
 
     async def delete(self, id_: int) -> bool:
-        where = self._indexed.get(id_)
+        where = self._state.indexed.get(id_)
         if where is None:
             return False
         deleted = bool(await self.store.delete(where[0], id_))
@@ -289,47 +295,50 @@ class SemanticCache:
             store = StoreStats(kind="unavailable", entries=0, available=False)
         return CacheStats(
             store=store,
-            indexed=len(self._indexed),
-            namespaces=[NamespaceStats(ns, len(index)) for ns, index in self._indexes.items()],
+            indexed=len(self._state.indexed),
+            namespaces=[
+                NamespaceStats(ns, len(index)) for ns, index in self._state.indexes.items()
+            ],
             counters=self.counters,
         )
 
     # -- keeping the indexes in step with the store ---------------------------------
 
-    async def _add(self, entries: Iterable[CacheEntry]) -> None:
+    async def _add(self, entries: Iterable[CacheEntry], state: _Indexes | None = None) -> None:
+        state = state or self._state
         by_namespace: dict[str, list[CacheEntry]] = {}
         for entry in entries:
             by_namespace.setdefault(entry.namespace, []).append(entry)
         for namespace, group in by_namespace.items():
             ids = np.array([e.id for e in group], dtype=np.int64)
             vectors = np.stack([unpack_vector(e.vector) for e in group])
-            index = self._indexes.get(namespace)
+            index = state.indexes.get(namespace)
             if index is None:
-                index = self._indexes[namespace] = VectorIndex(
+                index = state.indexes[namespace] = VectorIndex(
                     vectors.shape[1], hnsw_above=self.settings.index.hnsw_above, gpu=self._gpu
                 )
             await self._index(index.add, ids, vectors)
             for entry in group:
-                self._indexed[entry.id] = (namespace, entry.expires_at)
+                state.indexed[entry.id] = (namespace, entry.expires_at)
                 if entry.expires_at is not None:
-                    heapq.heappush(self._expiry, (entry.expires_at, entry.id))
+                    heapq.heappush(state.expiry, (entry.expires_at, entry.id))
 
     async def _unindex(self, ids: Iterable[int]) -> None:
         by_namespace: dict[str, list[int]] = {}
         for id_ in ids:
-            where = self._indexed.pop(id_, None)
+            where = self._state.indexed.pop(id_, None)
             if where is not None:
                 by_namespace.setdefault(where[0], []).append(id_)
         for namespace, group in by_namespace.items():
-            index = self._indexes.get(namespace)
+            index = self._state.indexes.get(namespace)
             if index is not None:
                 await self._index(index.remove, np.array(group, dtype=np.int64))
 
     async def _drop_namespaces(self, selector: str | None) -> None:
-        doomed = {ns for ns in self._indexes if selector is None or in_scope(ns, selector)}
+        doomed = {ns for ns in self._state.indexes if selector is None or in_scope(ns, selector)}
         for namespace in doomed:
-            del self._indexes[namespace]
-        self._indexed = {k: v for k, v in self._indexed.items() if v[0] not in doomed}
+            del self._state.indexes[namespace]
+        self._state.indexed = {k: v for k, v in self._state.indexed.items() if v[0] not in doomed}
 
     async def rebuild(self) -> None:
         """Re-create every index from the store's entries, then swap them in at once."""
@@ -338,8 +347,10 @@ class SemanticCache:
         except StoreUnavailable:
             log.warning("cache index not rebuilt: the store is unavailable")
             return
-        self._indexes, self._indexed, self._expiry = {}, {}, []
-        await self._add(entries)
+        # Built aside and swapped in whole: lookups meanwhile use the old indexes.
+        state = _Indexes()
+        await self._add(entries, state)
+        self._state = state
         log.info("cache index rebuilt: %d entries", len(entries))
 
     async def _follow_changes(self) -> None:
@@ -364,9 +375,9 @@ class SemanticCache:
             await asyncio.sleep(EXPIRY_SWEEP_S)
             now = time.time()
             expired = []
-            while self._expiry and self._expiry[0][0] <= now:
-                expires_at, id_ = heapq.heappop(self._expiry)
-                where = self._indexed.get(id_)
+            while self._state.expiry and self._state.expiry[0][0] <= now:
+                expires_at, id_ = heapq.heappop(self._state.expiry)
+                where = self._state.indexed.get(id_)
                 # A re-stored entry has a later expiry: only the latest one counts.
                 if where is not None and where[1] == expires_at:
                     expired.append(id_)
