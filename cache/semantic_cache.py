@@ -49,6 +49,8 @@ T = TypeVar("T")
 # How often expired entries are dropped from the indexes (the store drops the
 # entries themselves; a lookup that meets one before then drops it too).
 EXPIRY_SWEEP_S = 5.0
+# Entries read from the store per index update while rebuilding.
+REBUILD_BATCH = 10_000
 
 
 class Hit(msgspec.Struct, frozen=True):
@@ -342,16 +344,20 @@ class SemanticCache:
 
     async def rebuild(self) -> None:
         """Re-create every index from the store's entries, then swap them in at once."""
+        # Built aside and swapped in whole: lookups meanwhile use the old indexes.
+        state, batch, count = _Indexes(), [], 0
         try:
-            entries = [entry async for entry in self.store.entries()]
+            async for entry in self.store.entries():
+                batch.append(entry)
+                if len(batch) == REBUILD_BATCH:  # a batch at a time: entries are large
+                    await self._add(batch, state)
+                    count, batch = count + len(batch), []
+            await self._add(batch, state)
         except StoreUnavailable:
             log.warning("cache index not rebuilt: the store is unavailable")
             return
-        # Built aside and swapped in whole: lookups meanwhile use the old indexes.
-        state = _Indexes()
-        await self._add(entries, state)
         self._state = state
-        log.info("cache index rebuilt: %d entries", len(entries))
+        log.info("cache index rebuilt: %d entries", count + len(batch))
 
     async def _follow_changes(self) -> None:
         """Apply what other replicas change, for as long as the cache runs."""

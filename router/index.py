@@ -77,9 +77,11 @@ class VectorIndex:
             raise ValueError(f"{len(ids)} ids for {len(vectors)} vectors")
         # Re-adding an id replaces its vector.
         self.remove(ids)
+        if not self.is_hnsw and not self.on_gpu and self._index.ntotal + len(ids) > self.hnsw_above:
+            # Into HNSW before adding: converting a large flat index afterwards would
+            # hold every vector twice.
+            self._rebuild(hnsw=True)
         self._index.add_with_ids(vectors, ids)
-        if not self.is_hnsw and not self.on_gpu and self._index.ntotal > self.hnsw_above:
-            self._rebuild()
 
     def remove(self, ids: Ids) -> None:
         ids = np.ascontiguousarray(ids, dtype=np.int64)
@@ -100,15 +102,18 @@ class VectorIndex:
             return False
         return True
 
-    def _rebuild(self) -> None:
-        """Re-create the index without tombstones, as HNSW once it is large enough."""
+    def _rebuild(self, *, hnsw: bool | None = None) -> None:
+        """Re-create the index without tombstones, as HNSW once it is large enough
+        (or as ``hnsw`` says)."""
         live_ids = faiss.vector_to_array(self._index.id_map).astype(np.int64)
         keep = np.array([i not in self._tombstones for i in live_ids], dtype=bool)
         live_ids = live_ids[keep]
         vectors = np.empty((len(live_ids), self.dim), dtype=np.float32)
         for row, id_ in enumerate(live_ids):
             vectors[row] = self._index.reconstruct(int(id_))
-        self.is_hnsw = not self.on_gpu and len(live_ids) > self.hnsw_above
+        if hnsw is None:
+            hnsw = len(live_ids) > self.hnsw_above
+        self.is_hnsw = hnsw and not self.on_gpu
         self._index = self._hnsw() if self.is_hnsw else self._flat()
         self._tombstones.clear()
         if len(live_ids):
