@@ -4,14 +4,17 @@ One run, on 127.0.0.1 with a real Redis and a real `satisfice serve` process:
   1. warm-up throughput: `warm()` (what `satisfice cache warmup` and the admin
      endpoint run) against the embedder's raw batched throughput on the same
      prompts, interleaved, as a ratio;
-  2. ENTRIES distinct Quora questions warmed into Redis (a fresh key prefix); Redis
-     memory before and after;
+  2. ENTRIES distinct Quora questions warmed into Redis (a fresh key prefix), with
+     their vectors computed once beforehand and kept in bench/out; Redis memory
+     before and after, and the change stream's share of it;
   3. a gateway on that prefix (index rebuilt from Redis at start) and one on an
      empty prefix: the difference in RSS is the process's memory for the entries;
-  4. hit latency at CLIENTS concurrent clients (each sends its next request when
-     its last one answers) and with one client: exact hits (warmed prompts, cased
-     differently) and semantic hits (warmed prompts reworded: "..., please?").
-The load generator shares the machine's cores with the gateway.
+  4. hit latency, with one client, with CLIENTS clients in a closed loop (each sends
+     its next request when its last one answers: the saturation throughput), and with
+     CLIENTS clients offering half that throughput: exact hits (warmed prompts, cased
+     differently) and semantic hits (warmed prompts reworded: "..., please?"). Requests
+     carry `Cache-Control: only-if-cached`, so a miss answers 504 and never generates.
+The load generator runs in a fresh process and shares the machine's cores.
 
     .venv/bin/python bench/cache_hit_path.py [--entries 100000] [--clients 32] [--json FILE]
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import random
 import socket
@@ -30,6 +34,7 @@ import sys
 import time
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -178,17 +183,26 @@ class Gateway:
         self.process.wait(timeout=30)
 
 
-async def load(url: str, prompts: list[str], clients: int, requests: int) -> dict[str, object]:
-    """Closed-loop load: ``clients`` workers, each sending its next request when its
-    last one answers, until ``requests`` have been sent."""
+async def load(
+    url: str, prompts: list[str], clients: int, requests: int, rate: float | None = None
+) -> dict[str, object]:
+    """``clients`` workers on their own connections until ``requests`` have been sent.
+    Closed loop (each sends its next request when its last one answers) without a
+    ``rate``; with one, each worker keeps to its share of ``rate`` requests/s, so the
+    latency is the service time at that load rather than the queue of a saturated one."""
     latencies: list[float] = []
     sources: dict[str, int] = {}
     queue = iter(range(requests))
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=30) as http:
 
-        async def worker() -> None:
+        async def worker(offset: float) -> None:
+            interval = clients / rate if rate else 0.0
+            next_at = time.perf_counter() + offset * interval
             for i in queue:
+                if interval:
+                    await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
+                    next_at += interval
                 body = {"model": "small", "messages": [
                     {"role": "user", "content": prompts[i % len(prompts)]}]}  # fmt: skip
                 started = time.perf_counter()
@@ -198,12 +212,13 @@ async def load(url: str, prompts: list[str], clients: int, requests: int) -> dic
                 sources[source] = sources.get(source, 0) + 1
 
         started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(clients)))
+        await asyncio.gather(*(worker(n / clients) for n in range(clients)))
         elapsed = time.perf_counter() - started
     latencies.sort()
     return {
         "clients": clients,
         "requests": requests,
+        "offered_per_s": rate,
         "per_s": requests / elapsed,
         "p50_ms": latencies[len(latencies) // 2],
         "p90_ms": latencies[int(len(latencies) * 0.9)],
@@ -212,12 +227,24 @@ async def load(url: str, prompts: list[str], clients: int, requests: int) -> dic
     }
 
 
+def _run_load(*args: object) -> dict[str, object]:
+    return asyncio.run(load(*args))  # type: ignore[arg-type]
+
+
+def load_in_fresh_process(*args: object) -> dict[str, object]:
+    """The load generator in a new process, as a product backend would be: this one
+    has loaded torch and holds the vectors, and measured up to 5x slower clients."""
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(1, mp_context=spawn) as pool:
+        return pool.submit(_run_load, *args).result()
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--entries", type=int, default=100_000)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--requests", type=int, default=4000)
-    parser.add_argument("--warmup-sample", type=int, default=3000)
+    parser.add_argument("--warmup-sample", type=int, default=2000, help="0: skip that part")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     out = ROOT / "bench" / "out"
@@ -229,10 +256,11 @@ async def main() -> None:
     embedder = Embedder(EmbedderSettings())
     await embedder.start()
 
-    print("warm-up throughput ...", file=sys.stderr)
-    sample = random.Random(0).sample(prompts, args.warmup_sample)
-    report["warmup"] = await warmup_ratio(embedder, sample, rounds=3)
-    print(json.dumps(report["warmup"]), file=sys.stderr)
+    if args.warmup_sample:
+        print("warm-up throughput ...", file=sys.stderr)
+        sample = random.Random(0).sample(prompts, args.warmup_sample)
+        report["warmup"] = await warmup_ratio(embedder, sample, rounds=3)
+        print(json.dumps(report["warmup"]), file=sys.stderr)
     await embedder.close()
 
     # The large warm-up below is about Redis and the index, not the embedder (measured
@@ -256,6 +284,13 @@ async def main() -> None:
     report["warmed"] = warmed.added
     await cache.close()
     report["redis_bytes_per_entry"] = (redis_used_bytes() - before) / warmed.added
+    # The change stream keeps the last stream_max_len changes (each Put carries its
+    # entry): a bounded cost, apart from the entries' own.
+    stream = redis.Redis.from_url(REDIS_URL).memory_usage(f"{prefix}:changes", samples=0)
+    report["redis_stream_bytes"] = stream
+    report["redis_bytes_per_entry_without_stream"] = (
+        redis_used_bytes() - before - (stream or 0)
+    ) / warmed.added
     print(json.dumps(report), file=sys.stderr)
 
     empty = Gateway(f"bench-empty-{uuid.uuid4().hex[:8]}", out)
@@ -276,11 +311,13 @@ async def main() -> None:
         phases = {}
         for name, queries in (("exact", exact), ("semantic", semantic)):
             print(f"{name} hits ...", file=sys.stderr)
-            await load(full.url, queries, 4, 200)  # warm the connections and the code path
-            phases[name] = {
-                "one_client": await load(full.url, queries, 1, min(500, args.requests)),
-                "concurrent": await load(full.url, queries, args.clients, args.requests),
-            }
+            load_in_fresh_process(full.url, queries, 4, 200)  # warm connections and code
+            one = load_in_fresh_process(full.url, queries, 1, min(500, args.requests))
+            saturated = load_in_fresh_process(full.url, queries, args.clients, args.requests)
+            # The same clients offering half of what saturated them.
+            rate = 0.5 * float(saturated["per_s"])  # type: ignore[arg-type]
+            half = load_in_fresh_process(full.url, queries, args.clients, args.requests, rate)
+            phases[name] = {"one_client": one, "saturated": saturated, "half_load": half}
             print(json.dumps(phases[name]), file=sys.stderr)
         report["latency"] = phases
         report["rss_mib_after_load"] = rss_mib(full.process.pid)
