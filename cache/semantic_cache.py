@@ -111,7 +111,6 @@ class SemanticCache:
         self._faiss = ThreadPoolExecutor(1, thread_name_prefix="cache-index")
         self._gpu = gpu_resources(settings.index.device)
         self._tasks: list[asyncio.Task[None]] = []
-        self._store_down = False
 
     async def start(self) -> None:
         await self.store.start()
@@ -128,7 +127,7 @@ class SemanticCache:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.store.close()
-        self._faiss.shutdown(wait=True)
+        await asyncio.to_thread(self._faiss.shutdown, wait=True)
 
     async def _index(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         return await asyncio.get_running_loop().run_in_executor(

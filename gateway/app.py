@@ -66,6 +66,9 @@ def _runtime(state: State) -> Runtime:
         404: ResponseSpec(ErrorResponse, description="Unknown model"),
         429: ResponseSpec(ErrorResponse, description="Engine queue full; see Retry-After"),
         503: ResponseSpec(ErrorResponse, description="Not ready, or engine unavailable"),
+        504: ResponseSpec(
+            ErrorResponse, description="Cache-Control: only-if-cached, and nothing cached"
+        ),
     },
 )
 async def chat_completions(
