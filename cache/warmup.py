@@ -120,7 +120,7 @@ async def warm(
     embedding_model: str,
     progress: Progress | None = None,
 ) -> WarmupReport:
-    parsed = parse(data)
+    parsed = await asyncio.to_thread(parse, data)  # a large upload would stall the loop
     report = WarmupReport(lines=parsed.total, bad=len(parsed.bad))
     report.errors = parsed.bad[:MAX_REPORTED_ERRORS]
     storing: asyncio.Task[None] | None = None
