@@ -1,17 +1,25 @@
-"""`satisfice evaluator fit`: fit the calibrator that turns signals into P(correct), on
+"""`satisfice evaluator bank`: sample an engine k times per labelled question, with token
+logprobs, into a runs file (the trace bank stopping policies are replayed over).
+
+`satisfice evaluator fit`: fit the calibrator that turns signals into P(correct), on
 labelled runs, and say how well it does on runs it did not see."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import msgspec
 import numpy as np
 
+from engines import create_engine
+from engines.base import Generation, Message, SamplingParams
+from evaluator.answers import LabelledQuestion, read_questions
 from evaluator.calibration import (
     ISOTONIC_MIN_LABELS,
     cross_validate,
@@ -20,12 +28,75 @@ from evaluator.calibration import (
     training_set,
     write_calibrator,
 )
-from evaluator.runs import read_runs
+from evaluator.runs import Run, RunAlternative, RunSample, RunToken, read_runs
 from evaluator.signals import DEFAULT_FEATURES, FEATURES, MissingSignal, SignalSettings
+from gateway.config import load_config
 
 # Signals that are probabilities as they stand: their held-out metrics, uncalibrated,
 # are what the calibrator has to beat.
 _RAW_PROBABILITIES = ("vote_share", "majority_probability")
+
+
+def evaluator_bank(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    if args.engine not in config.engines:
+        raise SystemExit(f"no engine {args.engine!r} in the config: {', '.join(config.engines)}")
+    questions = read_questions(args.dataset)[: args.limit or None]
+    params = SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        n=args.samples,
+        seed=args.seed,  # sample i of every question is drawn with seed + i
+        logprobs=True,
+        top_logprobs=args.top_logprobs,
+    )
+    models_dir = Path(config.models_dir).expanduser()
+    engine = create_engine(args.engine, config.engines[args.engine], models_dir)
+    encoder = msgspec.json.Encoder()
+
+    async def run(out: BinaryIO) -> None:
+        await engine.start()
+        started, tokens = time.perf_counter(), 0
+        try:
+            for number, question in enumerate(questions, start=1):
+                generation = await engine.generate((Message("user", question.prompt),), params)
+                tokens += generation.completion_tokens
+                out.write(encoder.encode(_run(question, number, generation)) + b"\n")
+                out.flush()
+                if number % 10 == 0 or number == len(questions):
+                    rate = tokens / (time.perf_counter() - started)
+                    print(f"{number}/{len(questions)}, {rate:.1f} tokens/s", file=sys.stderr)
+        finally:
+            await engine.close()
+
+    # Each run is written as soon as it is known: a long bank that stops keeps them.
+    with Path(args.out).open("wb") as out:
+        asyncio.run(run(out))
+    print(f"wrote {args.out}: {len(questions)} runs of {args.samples} samples")
+    return 0
+
+
+def _run(question: LabelledQuestion, number: int, generation: Generation) -> Run:
+    return Run(
+        id=f"{question.source or 'question'}-{number}",
+        kind=question.kind,
+        answers=question.answers,
+        prompt=question.prompt,
+        source=question.source,
+        samples=tuple(
+            RunSample(
+                text=sample.text,
+                logprobs=tuple(
+                    RunToken(
+                        t.token, t.logprob, tuple(RunAlternative(a.token, a.logprob) for a in t.top)
+                    )
+                    for t in sample.logprobs
+                ),
+                completion_tokens=sample.completion_tokens,
+            )
+            for sample in generation.samples
+        ),
+    )
 
 
 def evaluator_fit(args: argparse.Namespace) -> int:
@@ -95,8 +166,21 @@ def _fit(args: argparse.Namespace) -> int:
 
 
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    evaluator = commands.add_parser("evaluator", help="fit the evaluator's calibrator")
+    evaluator = commands.add_parser("evaluator", help="build a trace bank; fit the calibrator")
     sub = evaluator.add_subparsers(dest="evaluator_command", required=True)
+
+    bank = sub.add_parser("bank", help="sample an engine k times per question, with logprobs")
+    bank.add_argument("--dataset", required=True, help="LabelledQuestion JSONL")
+    bank.add_argument("--out", required=True, help="runs JSONL to write")
+    bank.add_argument("--engine", default="large", help="an engine of the config")
+    bank.add_argument("--samples", type=int, default=16, help="samples per question")
+    bank.add_argument("--max-tokens", type=int, default=64)
+    bank.add_argument("--temperature", type=float, default=0.7)
+    bank.add_argument("--top-logprobs", type=int, default=5, help="alternatives per token")
+    bank.add_argument("--seed", type=int, default=0)
+    bank.add_argument("--limit", type=int, default=0, help="first N questions only")
+    bank.add_argument("--config")
+    bank.set_defaults(run=evaluator_bank)
 
     fit_ = sub.add_parser(
         "fit",

@@ -1,0 +1,37 @@
+"""`satisfice evaluator bank`: k samples per labelled question, with logprobs, from a real
+engine, into a runs file that the calibrator reads."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from evaluator.runs import read_runs
+from tests.conftest import ROOT
+
+
+def test_bank_samples_each_question_k_times_with_logprobs(tmp_path: Path) -> None:
+    dataset = tmp_path / "questions.jsonl"
+    questions = [
+        {"prompt": "What is 2 plus 3?", "answers": ["5"], "kind": "number", "source": "toy"},
+        {"prompt": "Is the sun a star?", "answers": ["yes"], "kind": "yesno", "source": "toy"},
+    ]
+    dataset.write_text("".join(json.dumps(q) + "\n" for q in questions))
+    out = tmp_path / "runs.jsonl"
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "evaluator", "bank", "--dataset", str(dataset),
+         "--out", str(out), "--engine", "small", "--samples", "3", "--max-tokens", "6",
+         "--top-logprobs", "2"],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    runs = read_runs(out).runs
+    assert [r.id for r in runs] == ["toy-1", "toy-2"]
+    assert runs[1].kind == "yesno" and runs[1].answers == ["yes"]
+    for run in runs:
+        assert len(run.samples) == 3
+        for sample in run.samples:
+            assert sample.completion_tokens and len(sample.logprobs) == sample.completion_tokens
+            assert all(t.logprob <= 0 and len(t.top) == 2 for t in sample.logprobs)
