@@ -49,7 +49,13 @@ from cache.redis_store import RedisStore  # noqa: E402
 from cache.semantic_cache import SemanticCache  # noqa: E402
 from cache.settings import CacheSettings, RedisStoreSettings  # noqa: E402
 from cache.warmup import BATCH, warm  # noqa: E402
-from router.embedder import Embedder, EmbedderSettings, Vectors  # noqa: E402
+from router.embedder import (  # noqa: E402
+    Embedder,
+    EmbedderSettings,
+    Vectors,
+    bundled_model_dir,
+    model_fingerprint,
+)
 
 DATA = ROOT.parent / "shared" / "data"
 # A miss answers 504 at once instead of generating: this measures the hit path only.
@@ -85,9 +91,9 @@ def embeddings(prompts: list[str], path: Path) -> Vectors:
 
 
 def fingerprint_of_bundled() -> str:
-    embedder = Embedder(EmbedderSettings())
-    embedder.load()
-    return embedder.fingerprint
+    """The bundled embedder's fingerprint, without loading the model."""
+    name = EmbedderSettings().model
+    return model_fingerprint(name, bundled_model_dir(name))
 
 
 def warm_lines(prompts: list[str]) -> bytes:

@@ -43,16 +43,11 @@ class Flight(Generic[T]):
 class Coalescer(Generic[T]):
     def __init__(self) -> None:
         self._flights: dict[Hashable, Flight[T]] = {}
-        self.followers = 0  # requests that waited for another's answer, since start
 
     def join(self, key: Hashable) -> tuple[Flight[T], bool]:
         """The flight for ``key`` and whether the caller leads it."""
         flight = self._flights.get(key)
         if flight is not None:
-            self.followers += 1
             return flight, False
         flight = self._flights[key] = Flight(self, key)
         return flight, True
-
-    def __len__(self) -> int:
-        return len(self._flights)

@@ -61,7 +61,8 @@ class Hit(msgspec.Struct, frozen=True):
 
 class Miss(msgspec.Struct, frozen=True):
     # "empty": nothing in the namespace; "below_threshold": nearest too far;
-    # "guard:<name>": near enough but vetoed by that guard; "store_unavailable".
+    # "guard:<name>": near enough but vetoed by that guard; "store_unavailable";
+    # "exact_only": the exact path missed and the semantic path is turned off.
     reason: str
     best_similarity: float | None = None
 
