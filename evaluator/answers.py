@@ -195,6 +195,34 @@ def extract(kind: AnswerKind, text: str) -> str | None:
             assert_never(kind)
 
 
+# What a question asks for, read from the question alone: the live loop votes on answers
+# it must first extract, and a chat request does not say what kind of answer it wants.
+_OPTION_LINE = re.compile(r"^\s*\(?[A-E][.):]\s+\S", re.MULTILINE)
+_ASKS_YESNO = re.compile(
+    r"\byes or no\b|\btrue or false\b|^\s*(?:is|are|was|were|do|does|did|can|could|will|"
+    r"would|should|has|have|had)\b[^?]*\?\s*$",
+    re.IGNORECASE,
+)
+_ASKS_NUMBER = re.compile(
+    r"\bhow (?:many|much|far|long|old)\b|\bwhat is [-\d(][-\d\s.+*/x\u00d7()]*[?=]|"
+    r"\b(?:the )?number only\b|^[-\d\s.+*/()]+=\s*$",
+    re.IGNORECASE,
+)
+
+
+def infer_kind(question: str) -> AnswerKind:
+    """The kind of answer ``question`` asks for: two or more option lines ("A. ...")
+    make a choice, a yes/no question yes/no, a count or sum a number, else free text."""
+    if len(_OPTION_LINE.findall(question)) >= 2:
+        return "choice"
+    if _ASKS_NUMBER.search(question):
+        return "number"
+    # Judged on the question's own sentence, not an instruction line after it.
+    if any(_ASKS_YESNO.search(line) for line in question.splitlines()):
+        return "yesno"
+    return "text"
+
+
 def _numbers_close(a: str, b: str) -> bool:
     x, y = Fraction(a), Fraction(b)
     return abs(x - y) <= REL_TOL * max(abs(x), abs(y))

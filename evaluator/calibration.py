@@ -22,13 +22,14 @@ import numpy as np
 import numpy.typing as npt
 
 from evaluator.answers import extract, is_correct
+from evaluator.policy import tally
 from evaluator.runs import Run
 from evaluator.signals import (
     DEFAULT_SETTINGS,
     FEATURES,
     Signals,
     SignalSettings,
-    compute_signals,
+    trace_confidence,
 )
 
 FloatArray = npt.NDArray[np.float64]
@@ -306,6 +307,9 @@ class TrainingSet(msgspec.Struct, frozen=True, kw_only=True):
 def training_set(
     runs: Sequence[Run], ks: Sequence[int], settings: SignalSettings = DEFAULT_SETTINGS
 ) -> TrainingSet:
+    """Rows for the loop's own candidate: the confidence-weighted vote of the first k
+    samples (evaluator.policy.tally), so that the calibrator learns P(correct) of the
+    answer the loop would give."""
     if not ks or min(ks) < 1:
         raise ValueError("k must be at least 1")
     signals: list[Signals] = []
@@ -315,27 +319,19 @@ def training_set(
     short = dict.fromkeys(ks, 0)
     for position, run in enumerate(runs):
         answers = [extract(run.kind, sample.text) for sample in run.samples]
+        traces = [trace_confidence(sample.logprobs, settings) for sample in run.samples]
         for k in ks:
             if len(run.samples) < k:
                 short[k] += 1
                 continue
-            found = compute_signals(
-                run.kind, run.samples[:k], answers=answers[:k], settings=settings
+            verdict = tally(
+                run.kind, run.samples[:k], answers[:k], traces=traces[:k], settings=settings
             )
-            signals.append(found)
-            labels.append(_majority_correct(run, answers[:k], found.answer))
+            signals.append(verdict.signals)
+            labels.append(verdict.answer is not None and is_correct(run.question, verdict.text))
             groups.append(position)
             row_ks.append(k)
     return TrainingSet(signals=signals, labels=labels, groups=groups, ks=row_ks, short=short)
-
-
-def _majority_correct(run: Run, answers: Sequence[str | None], answer: str | None) -> bool:
-    if answer is None:
-        return False
-    # Graded on the text of a sample that gave the answer, so the field's rules in
-    # evaluator.answers apply unchanged (aliases, numeric tolerance, whole words).
-    sample = run.samples[answers.index(answer)]
-    return is_correct(run.question, sample.text)
 
 
 # --- the file --------------------------------------------------------------------------

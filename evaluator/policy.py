@@ -1,0 +1,186 @@
+"""The reasoning loop's decisions, as pure functions of what its branches said.
+
+Two questions, answered the same way live (evaluator.loop) and in replay over the
+trace bank (bench/loop_replay.py), so that the bank's figures are the loop's own:
+
+* which answer the branches so far give, and how likely it is right (``tally``): a
+  confidence-weighted vote over the branches that survive DeepConf's filter, whose
+  signals the calibrator turns into P(correct);
+* whether to go on (``stop_reason``): confident enough, out of rounds, out of tokens,
+  or out of time for another round at the speed measured so far.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Annotated, Literal
+
+import msgspec
+
+from evaluator.answers import AnswerKind
+from evaluator.signals import (
+    DEFAULT_SETTINGS,
+    Signals,
+    SignalSettings,
+    Trace,
+    TraceConfidence,
+    compute_signals,
+    trace_confidence,
+)
+
+if TYPE_CHECKING:  # calibration fits on this module's tally: no import cycle at run time
+    from evaluator.calibration import Calibrator
+
+Probability = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+Positive = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class LoopSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What SREs tune about the loop on the large engine (DESIGN.md, "Configuration")."""
+
+    # Stop as soon as the calibrated P(correct) of the leading answer reaches this.
+    threshold: Probability = 0.9
+    # Branches generated concurrently per round; ``hard_branches`` from
+    # ``hard_difficulty`` up (the router's score), where one round rarely settles it.
+    branches: Positive = 4
+    hard_branches: Positive | None = None
+    hard_difficulty: Probability = 0.9
+    max_rounds: Positive = 4
+    # Most tokens one branch may generate in one round.
+    round_tokens: Positive = 64
+    # Most tokens a request may spend over all rounds, probes included.
+    token_budget: Positive = 1024
+    temperature: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] = 0.7
+    # DeepConf's filter: a branch whose lowest group confidence falls below this is
+    # stopped (mid-generation once it has a full window) and left out of the vote.
+    # None keeps every branch.
+    prune_below: float | None = None
+    # "bundled": the calibrator fitted for the bundled large model
+    # (evaluator/data/default.calibrator); or a file from `satisfice evaluator fit`;
+    # null: the raw vote share stands in for P(correct).
+    calibrator: str | None = "bundled"
+
+    def branches_for(self, difficulty: float | None) -> int:
+        hard = difficulty is not None and difficulty >= self.hard_difficulty
+        return self.hard_branches if hard and self.hard_branches is not None else self.branches
+
+
+class Verdict(msgspec.Struct, frozen=True, kw_only=True):
+    """The loop's answer after a round: what it is, how sure, and on what evidence."""
+
+    answer: str | None  # normalised, as evaluator.answers extracts it
+    text: str  # the most confident branch's own text for that answer
+    probability: float  # calibrated P(correct), or the vote share without a calibrator
+    signals: Signals
+    kept: int  # branches that voted
+    pruned: int  # branches DeepConf's filter left out
+
+
+def branch_confidence(trace: TraceConfidence) -> float | None:
+    """The value DeepConf's filter compares and its vote weighs: the lowest group
+    confidence (its C_least), which catches a branch that lost its way anywhere."""
+    return trace.lowest_group
+
+
+def tally(
+    kind: AnswerKind,
+    branches: Sequence[Trace],
+    answers: Sequence[str | None],
+    *,
+    calibrator: Calibrator | None = None,
+    prune_below: float | None = None,
+    traces: Sequence[TraceConfidence] | None = None,
+    settings: SignalSettings | None = None,
+) -> Verdict:
+    """The confidence-weighted vote of ``branches`` (DeepConf's weighted majority over
+    the branches its filter keeps) and that answer's P(correct).
+
+    ``answers`` are the branches' extracted answers, ``traces`` their confidences when
+    the caller has them already. A branch without logprobs weighs 1 and is never
+    filtered; if the filter would leave nothing, every branch votes. Signals are
+    computed with the calibrator's settings (``settings`` when there is none).
+    """
+    if not branches:
+        raise ValueError("a tally of no branches")
+    if settings is None:
+        settings = signal_settings(calibrator)
+    if traces is None:
+        traces = [trace_confidence(b.logprobs, settings) for b in branches]
+    scores = [branch_confidence(t) for t in traces]
+    # A branch without logprobs weighs 1 and is ranked below any that has them.
+    weight_of = [1.0 if score is None else max(score, 1e-6) for score in scores]
+    rank_of = [-math.inf if score is None else score for score in scores]
+    keep = [
+        i
+        for i, score in enumerate(scores)
+        if prune_below is None or score is None or score >= prune_below
+    ] or list(range(len(branches)))
+    weights: dict[str, float] = {}
+    for i in keep:
+        answer = answers[i]
+        if answer is not None:
+            # Token confidence is -mean log-prob of the top-k alternatives: positive,
+            # larger when the model was sure.
+            weights[answer] = weights.get(answer, 0.0) + weight_of[i]
+    # max keeps the first-seen answer among equal weights, as the plain majority does.
+    candidate = max(weights, key=weights.__getitem__) if weights else None
+    kept = [branches[i] for i in keep]
+    kept_answers = [answers[i] for i in keep]
+    signals = compute_signals(
+        kind, kept, candidate=candidate, answers=kept_answers, settings=settings
+    )
+    probability = signals.vote_share
+    if calibrator is not None:
+        probability = calibrator.probability(signals)
+    behind = [i for i in keep if answers[i] == candidate] or keep
+    best = max(behind, key=rank_of.__getitem__)
+    return Verdict(
+        answer=candidate,
+        text=branches[best].text,
+        probability=probability,
+        signals=signals,
+        kept=len(keep),
+        pruned=len(branches) - len(keep),
+    )
+
+
+StopReason = Literal["confident", "max_rounds", "token_budget", "deadline"]
+
+
+def stop_reason(
+    verdict: Verdict | None,
+    *,
+    rounds: int,
+    tokens: int,
+    next_round_tokens: float,
+    settings: LoopSettings,
+    time_left_s: float | None = None,
+    next_round_s: float | None = None,
+) -> StopReason | None:
+    """Why the loop stops after ``rounds`` rounds that spent ``tokens``, or None to go on;
+    ``verdict`` is None while no branch has answered.
+
+    ``next_round_tokens`` and ``next_round_s`` are what another round is expected to
+    cost, from what the rounds so far measured: a round that the budget or the clock
+    cannot afford is not started.
+    """
+    if (
+        verdict is not None
+        and verdict.answer is not None
+        and verdict.probability >= settings.threshold
+    ):
+        return "confident"
+    if rounds >= settings.max_rounds:
+        return "max_rounds"
+    if tokens + next_round_tokens > settings.token_budget:
+        return "token_budget"
+    if time_left_s is not None and (
+        time_left_s <= 0 or (next_round_s is not None and next_round_s > time_left_s)
+    ):
+        return "deadline"
+    return None
+
+
+def signal_settings(calibrator: Calibrator | None) -> SignalSettings:
+    return calibrator.signals if calibrator is not None else DEFAULT_SETTINGS
