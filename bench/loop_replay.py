@@ -1,0 +1,829 @@
+"""Stopping policies for the reasoning loop, replayed over a trace bank.
+
+A trace bank (`satisfice evaluator bank`) holds, per labelled question, N samples drawn
+independently with their token logprobs. Any policy that draws samples one after the
+other, or in rounds, and stops on what it has seen can be replayed on it exactly:
+branch i of a question is its sample i, a round of k branches takes the next k samples.
+
+    .venv/bin/python bench/loop_replay.py --runs bench/out/bank.jsonl \\
+        --out-json bench/out/loop_replay.json --plot docs/img/loop_replay.png
+
+Policies, each a curve of (accuracy, mean completion tokens per question) points:
+
+- fixed-k plain majority (evaluator.signals.majority), k = 1..N: the baseline; fixed N
+  is the reference accuracy and cost;
+- fixed-k weighted vote (evaluator.policy.tally: DeepConf's confidence-weighted vote);
+- Adaptive-Consistency's Beta stopping after each sample (signals.beta_stop), swept
+  over its threshold;
+- ESC (Li et al. 2024, arXiv 2401.10480): windows of w samples, stop at the first
+  unanimous window, answer the majority of all drawn;
+- each signal alone as the stop rule, rounds of ``branches``: stop when the loop's
+  candidate's signal reaches a threshold, swept over quantiles of its values;
+- the loop's own rule (evaluator.policy.tally and stop_reason) with the calibrated
+  P(correct), swept over its threshold, without and with DeepConf's filter.
+
+P(correct) is honest: each question's comes from a calibrator fitted, with
+evaluator.calibration.fit on training_set rows, on the other folds of questions only
+(``--folds``), unless ``--calibrator`` names a file to use for all of them. With
+``prune_below`` set, a branch stops at the first token where its sliding-window group
+confidence (once a window is full) falls below the cut-off, as the live loop stops it:
+its tokens count to that point, and its truncated trace goes to ``tally``, whose filter
+then leaves it out of the vote.
+
+Samples are replayed in several seeded random orders per question (``--orders``),
+averaged: the bank draws sample i of every question with the same seed, so its own
+order would carry the same random numbers at each position in every question.
+
+The bank has no answer probes (its answers are a few tokens, with no reasoning to
+probe), so no probe tokens are counted anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from evaluator.answers import extract, is_correct  # noqa: E402
+from evaluator.calibration import (  # noqa: E402
+    Calibrator,
+    fit,
+    measure,
+    read_calibrator,
+    training_set,
+)
+from evaluator.policy import LoopSettings, Verdict, stop_reason, tally  # noqa: E402
+from evaluator.runs import Run, RunSample, read_runs  # noqa: E402
+from evaluator.signals import (  # noqa: E402
+    DEFAULT_FEATURES,
+    DEFAULT_SETTINGS,
+    MissingSignal,
+    Signals,
+    SignalSettings,
+    TraceConfidence,
+    beta_stop,
+    compute_signals,
+    majority,
+    token_confidence,
+    trace_confidence,
+)
+
+# What `make default-calibrator` fits on: 1 and 2, and the loop's cumulative branch counts.
+DEFAULT_KS = (1, 2, 4, 8, 12, 16)
+# Below 0.5 the loop would call an answer "confident" that is more likely wrong than
+# right; the sweep goes there only because a model this weak rarely gets above it.
+LOOP_THRESHOLDS = (0.2, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
+BETA_THRESHOLDS = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 0.97, 0.99)
+ESC_WINDOWS = (2, 4, 8)
+SIGNAL_QUANTILES = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+STOP_SIGNALS = (
+    "vote_share",
+    "majority_probability",
+    "mean_logprob",
+    "mean_confidence",
+    "lowest_group_confidence",
+    "bottom_group_confidence",
+    "tail_confidence",
+)
+# DeepConf's filter is tried at these percentiles of every sample's lowest group
+# confidence in the bank.
+PRUNE_PERCENTILES = (10, 25)
+# Large enough that only confidence and max_rounds stop the loop in replay.
+NO_BUDGET = 10**9
+DEFAULT_ORDERS = 8
+NO_PROBES = "none: the bank's answers are a few tokens, with no reasoning to probe"
+
+_OPTION_LINE = re.compile(r"^[A-E]\. ", re.MULTILINE)
+
+
+# --- one question, prepared once -------------------------------------------------------
+
+
+class Branch(msgspec.Struct, frozen=True, kw_only=True):
+    """A sample as the loop sees it: whole, or cut where DeepConf's filter stopped it."""
+
+    sample: RunSample
+    answer: str | None
+    trace: TraceConfidence
+    tokens: int  # what generating it cost
+    stopped: bool = False  # cut mid-generation by the filter
+
+
+class Question:
+    """A run with everything the policies read computed once: extracted answers, trace
+    confidences, token costs, the branches cut at each cut-off, and memoised tallies."""
+
+    def __init__(
+        self, index: int, run: Run, settings: SignalSettings, cutoffs: Sequence[float]
+    ) -> None:
+        self.index = index  # the run's position in the bank
+        self.run = run
+        self.settings = settings
+        self.calibrator: Calibrator | None = None
+        self.whole = [_branch(run, s, settings) for s in run.samples]
+        self.answers = [b.answer for b in self.whole]
+        self.tokens = [b.tokens for b in self.whole]
+        self._texts: dict[str | None, str] = {}
+        for branch in self.whole:
+            self._texts.setdefault(branch.answer, branch.sample.text)
+        self.cut: dict[float | None, list[Branch]] = {None: self.whole}
+        for cutoff in cutoffs:
+            self.cut[cutoff] = [self._pruned(b, cutoff) for b in self.whole]
+        self._grades: dict[str | None, bool] = {}
+        self._tallies: dict[tuple[int, float | None], Verdict] = {}
+        self._probabilities: dict[tuple[int, str | None], float] = {}
+
+    def _pruned(self, branch: Branch, cutoff: float) -> Branch:
+        end = stop_point(branch.sample, cutoff, self.settings)
+        if end is None or end >= branch.tokens:
+            return branch
+        logprobs = branch.sample.logprobs[:end]
+        text = "".join(t.token for t in logprobs).strip()
+        sample = RunSample(text=text, logprobs=logprobs, completion_tokens=end)
+        cut = _branch(self.run, sample, self.settings)
+        self._texts.setdefault(cut.answer, text)
+        return msgspec.structs.replace(cut, stopped=True)
+
+    def correct(self, answer: str | None) -> bool:
+        """Grading depends only on the extracted answer, so one text that gave it will do."""
+        if answer is None:
+            return False
+        if answer not in self._grades:
+            self._grades[answer] = is_correct(self.run.question, self._texts[answer])
+        return self._grades[answer]
+
+    def verdict(self, n: int, cutoff: float | None = None) -> Verdict:
+        """The loop's tally of the first ``n`` branches under the cut-off (None: no filter)."""
+        key = (n, cutoff)
+        if key not in self._tallies:
+            branches = self.cut[cutoff][:n]
+            verdict = tally(
+                self.run.kind,
+                [b.sample for b in branches],
+                [b.answer for b in branches],
+                prune_below=cutoff,
+                traces=[b.trace for b in branches],
+                settings=self.settings,
+            )
+            # What tally does with a calibrator, but a round whose branches all came
+            # back empty (no answer, no logprobs) gets P = 0 instead of an error.
+            p = self._calibrated(verdict.signals)
+            self._tallies[key] = msgspec.structs.replace(verdict, probability=p)
+        return self._tallies[key]
+
+    def probability(self, n: int, answer: str | None) -> float:
+        """Calibrated P(correct) of ``answer`` given the first ``n`` whole samples, for
+        policies that choose their answer by another rule than the loop's tally."""
+        key = (n, answer)
+        if key not in self._probabilities:
+            signals = compute_signals(
+                self.run.kind,
+                [b.sample for b in self.whole[:n]],
+                candidate=answer,
+                answers=self.answers[:n],
+                settings=self.settings,
+            )
+            self._probabilities[key] = self._calibrated(signals)
+        return self._probabilities[key]
+
+    def _calibrated(self, signals: Signals) -> float:
+        if self.calibrator is None:
+            return signals.vote_share
+        try:
+            return self.calibrator.probability(signals)
+        except MissingSignal:
+            return 0.0 if signals.answer is None else signals.vote_share
+
+
+def branch_orders(run: Run, samples: int, orders: int, seed: int) -> list[Run]:
+    """The run's first ``samples`` samples in ``orders`` seeded random orders, or as
+    stored when ``orders`` is 0.
+
+    `satisfice evaluator bank` draws sample i of every question with the same seed, so
+    position i carries the same random numbers in every question: position 0 is nearly
+    greedy, position 1 nearly always a poor token. Replaying positions in stored order
+    would measure those seeds, not a policy; in random orders each position is a fair
+    draw, and several orders average out which draws come first.
+    """
+    kept = run.samples[:samples]
+    if orders == 0:
+        return [msgspec.structs.replace(run, samples=kept)]
+    rng = np.random.default_rng(seed)
+    return [
+        msgspec.structs.replace(run, samples=tuple(kept[i] for i in rng.permutation(samples)))
+        for _ in range(orders)
+    ]
+
+
+def _branch(run: Run, sample: RunSample, settings: SignalSettings) -> Branch:
+    tokens = sample.completion_tokens
+    return Branch(
+        sample=sample,
+        answer=extract(run.kind, sample.text),
+        trace=trace_confidence(sample.logprobs, settings),
+        tokens=len(sample.logprobs) if tokens is None else tokens,
+    )
+
+
+def stop_point(sample: RunSample, cutoff: float, settings: SignalSettings) -> int | None:
+    """Tokens generated when DeepConf's filter would stop this sample: at the first token
+    whose window of ``group_window`` token confidences (once full) averages below
+    ``cutoff``; None when it never does. Tokens without alternatives have no confidence
+    and do not fill the window."""
+    window = settings.group_window
+    recent: list[float] = []
+    total = 0.0
+    for position, token in enumerate(sample.logprobs):
+        confidence = token_confidence(token, settings.top_k)
+        if confidence is None:
+            continue
+        recent.append(confidence)
+        total += confidence
+        if len(recent) > window:
+            total -= recent[-window - 1]
+        if len(recent) >= window and total / window < cutoff:
+            return position + 1
+    return None
+
+
+# --- policies: one outcome per question ------------------------------------------------
+
+
+class Outcome(msgspec.Struct, frozen=True):
+    answer: str | None
+    correct: bool
+    tokens: int
+    branches: int
+    probability: float  # calibrated P(correct) of the answer, at the stopping point
+
+
+Policy = Callable[[Question], Outcome]
+
+
+def by_majority(q: Question, n: int) -> Outcome:
+    answer = majority(q.answers[:n])
+    return Outcome(answer, q.correct(answer), sum(q.tokens[:n]), n, q.probability(n, answer))
+
+
+def by_verdict(q: Question, n: int, cutoff: float | None = None) -> Outcome:
+    verdict = q.verdict(n, cutoff)
+    tokens = sum(b.tokens for b in q.cut[cutoff][:n])
+    return Outcome(verdict.answer, q.correct(verdict.answer), tokens, n, verdict.probability)
+
+
+def fixed_plain(k: int) -> Policy:
+    return lambda q: by_majority(q, k)
+
+
+def fixed_weighted(k: int) -> Policy:
+    return lambda q: by_verdict(q, k)
+
+
+def beta(threshold: float, samples: int) -> Policy:
+    def policy(q: Question) -> Outcome:
+        n = next(
+            (n for n in range(1, samples) if beta_stop(q.answers[:n], threshold)),
+            samples,
+        )
+        return by_majority(q, n)
+
+    return policy
+
+
+def esc(window: int, samples: int) -> Policy:
+    """ESC's stop: a window whose answers are all one (its entropy is zero); an
+    unanswered sample breaks unanimity."""
+
+    def policy(q: Question) -> Outcome:
+        for end in range(window, samples, window):
+            chunk = q.answers[end - window : end]
+            if chunk[0] is not None and all(a == chunk[0] for a in chunk):
+                return by_majority(q, end)
+        return by_majority(q, samples)
+
+    return policy
+
+
+def signal_alone(name: str, threshold: float, branches: int, rounds: int) -> Policy:
+    def policy(q: Question) -> Outcome:
+        n = rounds * branches
+        for r in range(1, rounds + 1):
+            value = getattr(q.verdict(r * branches).signals, name)
+            if value is not None and value >= threshold:
+                n = r * branches
+                break
+        return by_verdict(q, n)
+
+    return policy
+
+
+def loop_rule(settings: LoopSettings, rounds: int) -> Policy:
+    """evaluator.policy's own decisions, round after round, as the live loop takes them."""
+
+    def policy(q: Question) -> Outcome:
+        cutoff = settings.prune_below
+        for r in range(1, rounds + 1):
+            n = r * settings.branches
+            spent = sum(b.tokens for b in q.cut[cutoff][:n])
+            reason = stop_reason(
+                q.verdict(n, cutoff),
+                rounds=r,
+                tokens=spent,
+                next_round_tokens=spent / r,
+                settings=settings,
+            )
+            if reason is not None:
+                return by_verdict(q, n, cutoff)
+        raise AssertionError("stop_reason stops at max_rounds")
+
+    return policy
+
+
+# --- points and curves -----------------------------------------------------------------
+
+
+class Point(msgspec.Struct, frozen=True, kw_only=True):
+    setting: str
+    value: float
+    accuracy: float
+    correct: int
+    mean_tokens: float
+    mean_branches: float
+    # Of the calibrated P(correct) at the stopping point, held out unless a fixed
+    # calibrator file was given; None where one class is empty.
+    ece: float | None
+    brier: float | None
+    roc_auc: float | None
+    answer_change: float  # share of questions answered otherwise than fixed-N majority
+
+
+class Curve(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    points: list[Point]
+    saved: float | None  # tokens saved at the reference accuracy; None if never reached
+    saved_at: str | None
+    saved_within_1pt: float | None  # ... at the reference accuracy less one point
+    saved_within_1pt_at: str | None
+
+
+def point(
+    questions: Sequence[Question],
+    policy: Policy,
+    setting: str,
+    value: float,
+    reference: Sequence[str | None],
+) -> Point:
+    outcomes = [policy(q) for q in questions]
+    labels = [o.correct for o in outcomes]
+    metrics = measure([o.probability for o in outcomes], labels)
+    both = 0 < sum(labels) < len(labels)
+    return Point(
+        setting=setting,
+        value=value,
+        accuracy=sum(labels) / len(labels),
+        correct=sum(labels),
+        mean_tokens=float(np.mean([o.tokens for o in outcomes])),
+        mean_branches=float(np.mean([o.branches for o in outcomes])),
+        ece=metrics.ece,
+        brier=metrics.brier,
+        roc_auc=metrics.roc_auc if both else None,
+        answer_change=float(
+            np.mean([o.answer != r for o, r in zip(outcomes, reference, strict=True)])
+        ),
+    )
+
+
+def tokens_saved(
+    points: Iterable[Point], reference: Point, slack: int = 0
+) -> tuple[float | None, str | None]:
+    """1 - (fewest mean tokens among points at least as accurate as the reference, less
+    ``slack`` questions) / the reference's mean tokens; (None, None) when none is."""
+    eligible = [p for p in points if p.correct >= reference.correct - slack]
+    if not eligible:
+        return None, None
+    cheapest = min(eligible, key=lambda p: p.mean_tokens)
+    return 1.0 - cheapest.mean_tokens / reference.mean_tokens, cheapest.setting
+
+
+def curve(name: str, points: list[Point], reference: Point, questions: int) -> Curve:
+    # One point of accuracy, in questions; never less than one question.
+    slack = max(1, round(questions / 100))
+    saved, saved_at = tokens_saved(points, reference)
+    within, within_at = tokens_saved(points, reference, slack)
+    return Curve(
+        name=name,
+        points=points,
+        saved=saved,
+        saved_at=saved_at,
+        saved_within_1pt=within,
+        saved_within_1pt_at=within_at,
+    )
+
+
+# --- the run ---------------------------------------------------------------------------
+
+
+def cross_fit(
+    questions: Sequence[Question], ks: Sequence[int], folds: int, seed: int
+) -> dict[str, Any]:
+    """Give each question a calibrator fitted on the other folds' questions only: its
+    rows come from the same branch orders as the replay's, and every order of one
+    question falls in the same fold."""
+    runs = sorted({q.index for q in questions})
+    if not 2 <= folds <= len(runs):
+        raise SystemExit(f"--folds must be within 2..{len(runs)}")
+    settings = questions[0].settings
+    data = training_set([q.run for q in questions], ks, settings)
+    # A row whose k branches all came back empty has no token signals to fit on.
+    usable = [
+        i
+        for i, signals in enumerate(data.signals)
+        if all(getattr(signals, name) is not None for name in DEFAULT_FEATURES)
+    ]
+    rows = np.array([data.signals[i].features(DEFAULT_FEATURES) for i in usable])
+    labels = np.array([data.labels[i] for i in usable], dtype=np.float64)
+    groups = np.array([questions[data.groups[i]].index for i in usable])
+    order = np.random.default_rng(seed).permutation(runs)
+    for fold in np.array_split(order, folds):
+        test = np.isin(groups, fold)
+        model = fit(rows[~test], labels[~test], DEFAULT_FEATURES, signals=settings, seed=seed)
+        for q in questions:
+            if q.index in fold:
+                q.calibrator = model
+    return {
+        "kind": "cross-fitted",
+        "folds": folds,
+        "k": list(ks),
+        "rows": len(labels),
+        "rows_without_signals": len(data.signals) - len(usable),
+    }
+
+
+def chance_level(runs: Sequence[Run]) -> float:
+    """What guessing scores: one option in n for a choice, the commoner gold answer for
+    yes/no, and about nothing for a number or free text."""
+    kind = runs[0].kind
+    if kind == "choice":
+        options = [len(_OPTION_LINE.findall(r.prompt)) for r in runs]
+        return float(np.mean([1 / n for n in options if n])) if any(options) else float("nan")
+    if kind == "yesno":
+        yes = np.mean([r.answers[0].strip().lower() in ("yes", "true") for r in runs])
+        return float(max(yes, 1 - yes))
+    return 0.0
+
+
+def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval for a share (95% by default)."""
+    if n == 0:
+        return float("nan"), float("nan")
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return centre - half, centre + half
+
+
+def by_source(questions: Sequence[Question], samples: int) -> list[dict[str, Any]]:
+    """Accuracy per source; a vote's over every branch order (ties break by order)."""
+    sources: dict[str, list[Question]] = {}
+    for q in questions:
+        sources.setdefault(q.run.source or q.run.kind, []).append(q)
+    table = []
+    for name, group in sources.items():
+        runs = {q.index: q.run for q in group}
+        n = len(runs)
+        plain = float(np.mean([q.correct(majority(q.answers)) for q in group]))
+        low, high = wilson(round(plain * n), n)
+        table.append(
+            {
+                "source": name,
+                "kind": group[0].run.kind,
+                "questions": n,
+                "per_sample": float(np.mean([[q.correct(a) for a in q.answers] for q in group])),
+                f"majority_at_{samples}": plain,
+                f"majority_at_{samples}_95ci": [low, high],
+                f"weighted_at_{samples}": float(
+                    np.mean([q.correct(q.verdict(samples).answer) for q in group])
+                ),
+                "chance": chance_level(list(runs.values())),
+            }
+        )
+    return table
+
+
+def replay(
+    runs: Sequence[Run],
+    *,
+    calibrator: Calibrator | None,
+    folds: int,
+    ks: Sequence[int],
+    seed: int,
+    branches: int,
+    orders: int,
+) -> dict[str, Any]:
+    samples = min(len(r.samples) for r in runs)
+    rounds = samples // branches
+    if rounds < 1:
+        raise SystemExit(f"runs have {samples} samples, fewer than one round of {branches}")
+    settings = calibrator.signals if calibrator is not None else DEFAULT_SETTINGS
+    lowest = [
+        s
+        for run in runs
+        for sample in run.samples[:samples]
+        if (s := trace_confidence(sample.logprobs, settings).lowest_group) is not None
+    ]
+    cutoffs = (
+        {f"p{p}": float(np.percentile(lowest, p)) for p in PRUNE_PERCENTILES} if lowest else {}
+    )
+    questions = [
+        Question(index, shuffled, settings, list(cutoffs.values()))
+        for index, run in enumerate(runs)
+        for shuffled in branch_orders(run, samples, orders, seed + index)
+    ]
+    if calibrator is not None:
+        for q in questions:
+            q.calibrator = calibrator
+        calibration: dict[str, Any] = {"kind": "fixed file", "trained_on": calibrator.trained_on}
+    else:
+        usable = sorted(k for k in ks if k <= samples)
+        calibration = cross_fit(questions, usable, folds, seed)
+
+    reference_answers = [majority(q.answers) for q in questions]
+
+    def sweep(settings_: Iterable[tuple[str, float, Policy]]) -> list[Point]:
+        return [point(questions, p, s, v, reference_answers) for s, v, p in settings_]
+
+    plain = sweep((f"k={k}", k, fixed_plain(k)) for k in range(1, samples + 1))
+    reference = plain[-1]
+    curves = [curve("fixed-k majority", plain, reference, len(questions))]
+
+    def add(name: str, settings_: Iterable[tuple[str, float, Policy]]) -> None:
+        curves.append(curve(name, sweep(settings_), reference, len(questions)))
+
+    add(
+        "fixed-k weighted vote",
+        ((f"k={k}", k, fixed_weighted(k)) for k in range(1, samples + 1)),
+    )
+    add("Beta stopping", ((f"t={t}", t, beta(t, samples)) for t in BETA_THRESHOLDS))
+    add("ESC windows", ((f"w={w}", w, esc(w, samples)) for w in ESC_WINDOWS if w <= samples))
+    for name in STOP_SIGNALS:
+        values = [
+            v
+            for q in questions
+            for r in range(1, rounds + 1)
+            if (v := getattr(q.verdict(r * branches).signals, name)) is not None
+        ]
+        if not values:
+            continue
+        thresholds = sorted({float(np.quantile(values, x)) for x in SIGNAL_QUANTILES})
+        add(
+            f"{name} alone",
+            ((f">={t:.4g}", t, signal_alone(name, t, branches, rounds)) for t in thresholds),
+        )
+    for label, cutoff in [("no filter", None), *cutoffs.items()]:
+        name = "loop rule" + ("" if cutoff is None else f", prune_below {label}={cutoff:.3g}")
+        add(
+            name,
+            (
+                (
+                    f"t={t}",
+                    t,
+                    loop_rule(
+                        LoopSettings(
+                            threshold=t,
+                            branches=branches,
+                            max_rounds=rounds,
+                            token_budget=NO_BUDGET,
+                            prune_below=cutoff,
+                        ),
+                        rounds,
+                    ),
+                )
+                for t in LOOP_THRESHOLDS
+            ),
+        )
+    pruned = {
+        label: float(np.mean([b.stopped for q in questions for b in q.cut[cutoff]]))
+        for label, cutoff in cutoffs.items()
+    }
+    return {
+        "runs": len(runs),
+        "samples": samples,
+        "orders": orders,
+        "branches": branches,
+        "rounds": rounds,
+        "calibration": calibration,
+        "probes": NO_PROBES,
+        "probe_tokens": 0,
+        "prune_cutoffs": cutoffs,
+        "stopped_mid_generation": pruned,
+        "reference": msgspec.to_builtins(reference),
+        "sources": by_source(questions, samples),
+        "curves": msgspec.to_builtins(curves),
+    }
+
+
+# --- output ----------------------------------------------------------------------------
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def _num(x: float | None, digits: int = 3) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def operating_point(c: dict[str, Any]) -> dict[str, Any]:
+    """The point the summary shows: where the curve matches the reference most cheaply,
+    else within one point, else its most accurate point."""
+    at = c["saved_at"] or c["saved_within_1pt_at"]
+    points: list[dict[str, Any]] = c["points"]
+    if at is None:
+        return max(points, key=lambda p: (p["correct"], -p["mean_tokens"]))
+    return next(p for p in points if p["setting"] == at)
+
+
+def render(report: dict[str, Any]) -> str:
+    ref = report["reference"]
+    lines = [
+        f"{report['runs']} questions, {report['samples']} samples each, replayed in "
+        + (f"{report['orders']} random orders" if report["orders"] else "the bank's order")
+        + f"; rounds of {report['branches']} branches, at most {report['rounds']} rounds",
+        f"calibration: {report['calibration']}",
+        f"probes: {report['probes']}",
+        "prune cut-offs (percentiles of lowest group confidence): "
+        + ", ".join(f"{k}={v:.3f}" for k, v in report["prune_cutoffs"].items()),
+        "branches stopped mid-generation: "
+        + ", ".join(f"{k}: {_pct(v)}" for k, v in report["stopped_mid_generation"].items()),
+        "",
+        f"reference, fixed k={report['samples']} majority: accuracy {_pct(ref['accuracy'])}, "
+        f"{ref['mean_tokens']:.1f} tokens per question",
+        "",
+        "| source | kind | n | per sample | majority@N (95% CI) | weighted@N | chance |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    samples = report["samples"]
+    for s in report["sources"]:
+        low, high = s[f"majority_at_{samples}_95ci"]
+        lines.append(
+            f"| {s['source']} | {s['kind']} | {s['questions']} | {_pct(s['per_sample'])} | "
+            f"{_pct(s[f'majority_at_{samples}'])} ({_pct(low)} to {_pct(high)}) | "
+            f"{_pct(s[f'weighted_at_{samples}'])} | {_pct(s['chance'])} |"
+        )
+    lines += [
+        "",
+        "| policy | setting | accuracy | tokens/q | branches/q | saved at ref. acc. | "
+        "saved within 1 pt | ECE | Brier | AUROC | answer change |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in report["curves"]:
+        p = operating_point(c)
+        lines.append(
+            f"| {c['name']} | {p['setting']} | {_pct(p['accuracy'])} | "
+            f"{p['mean_tokens']:.1f} | {p['mean_branches']:.1f} | {_pct(c['saved'])} "
+            f"({c['saved_at'] or '-'}) | {_pct(c['saved_within_1pt'])} "
+            f"({c['saved_within_1pt_at'] or '-'}) | {_num(p['ece'])} | {_num(p['brier'])} | "
+            f"{_num(p['roc_auc'])} | {_pct(p['answer_change'])} |"
+        )
+    for c in report["curves"]:
+        if not c["name"].startswith("loop rule"):
+            continue
+        lines += [
+            "",
+            f"{c['name']}:",
+            "| threshold | accuracy | tokens/q | branches/q | ECE | Brier | AUROC | "
+            "answer change |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for p in c["points"]:
+            lines.append(
+                f"| {p['setting']} | {_pct(p['accuracy'])} | {p['mean_tokens']:.1f} | "
+                f"{p['mean_branches']:.1f} | {_num(p['ece'])} | {_num(p['brier'])} | "
+                f"{_num(p['roc_auc'])} | {_pct(p['answer_change'])} |"
+            )
+    return "\n".join(lines)
+
+
+def plot(report: dict[str, Any], path: str | Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    curves = {c["name"]: c for c in report["curves"]}
+    ref = report["reference"]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
+    panels = (
+        (left, [n for n in curves if not n.endswith(" alone")], "policies"),
+        (right, ["fixed-k majority", *(n for n in curves if n.endswith(" alone"))],
+         "each signal alone as the stop rule"),
+    )  # fmt: skip
+    for axes, names, title in panels:
+        for name in names:
+            points = sorted(curves[name]["points"], key=lambda p: p["mean_tokens"])
+            reference = name == "fixed-k majority"
+            axes.plot(
+                [p["mean_tokens"] for p in points],
+                [100 * p["accuracy"] for p in points],
+                marker=".",
+                color="black" if reference else None,
+                linewidth=2 if reference else 1,
+                label=name,
+            )
+        axes.axhline(
+            100 * ref["accuracy"],
+            color="red",
+            linestyle="--",
+            linewidth=0.8,
+            label=f"fixed k={report['samples']} majority",
+        )
+        axes.plot([ref["mean_tokens"]], [100 * ref["accuracy"]], "o", color="red")
+        axes.set_xlabel("mean completion tokens per question")
+        axes.set_title(title)
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=7, loc="lower right")
+    left.set_ylabel("accuracy (%)")
+    figure.suptitle(
+        f"Stopping policies replayed over the trace bank ({report['runs']} questions, "
+        f"{report['samples']} samples each)"
+    )
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def _finite(value: Any) -> Any:
+    """NaN is not JSON: it becomes null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", required=True, help="trace bank: JSONL of labelled runs")
+    parser.add_argument(
+        "--calibrator",
+        help="use this calibrator file for every question (default: cross-fit one per fold)",
+    )
+    parser.add_argument("--folds", type=int, default=5, help="cross-fitting folds, by question")
+    parser.add_argument(
+        "--k",
+        type=int,
+        nargs="+",
+        default=list(DEFAULT_KS),
+        help="k the fold calibrators are fitted at (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--branches", type=int, default=LoopSettings().branches, help="branches per round"
+    )
+    parser.add_argument(
+        "--orders",
+        type=int,
+        default=DEFAULT_ORDERS,
+        help="random branch orders per question, averaged; 0: the bank's own order "
+        "(default: %(default)s)",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out-json", help="write the report as JSON here")
+    parser.add_argument("--plot", help="draw accuracy against tokens here (PNG)")
+    args = parser.parse_args(argv)
+
+    runs = read_runs(args.runs).runs
+    calibrator = read_calibrator(args.calibrator) if args.calibrator else None
+    report = _finite(
+        replay(
+            runs,
+            calibrator=calibrator,
+            folds=args.folds,
+            ks=args.k,
+            seed=args.seed,
+            branches=args.branches,
+            orders=args.orders,
+        )
+    )
+    print(render(report))
+    if args.out_json:
+        Path(args.out_json).write_text(json.dumps(report, indent=1) + "\n")
+    if args.plot:
+        plot(report, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,297 @@
+"""bench/loop_replay.py on small synthetic trace banks: no model, exact numbers."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from evaluator.calibration import Calibrator
+from evaluator.policy import LoopSettings
+from evaluator.runs import Run, RunAlternative, RunSample, RunToken, write_runs
+from evaluator.signals import DEFAULT_FEATURES, DEFAULT_SETTINGS, SignalSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "bench" / "loop_replay.py"
+
+
+def _load() -> ModuleType:
+    # bench/ holds scripts, not a package.
+    spec = importlib.util.spec_from_file_location("loop_replay", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+replay = _load()
+
+
+def sample(
+    text: str, confidences: Sequence[float], tokens: Sequence[str] | None = None
+) -> RunSample:
+    """A sample whose token i has token confidence ``confidences[i]``: all five top
+    alternatives carry log-prob -c, and DeepConf's confidence is minus their mean."""
+    pieces = list(tokens) if tokens is not None else [text] * len(confidences)
+    return RunSample(
+        text=text,
+        logprobs=tuple(
+            RunToken(piece, -c, tuple(RunAlternative(f"t{j}", -c) for j in range(5)))
+            for piece, c in zip(pieces, confidences, strict=True)
+        ),
+        completion_tokens=len(pieces),
+    )
+
+
+def number_run(answers: Sequence[str], gold: str = "7", tokens: int = 3, rid: str = "q") -> Run:
+    return Run(
+        id=rid,
+        kind="number",
+        answers=[gold],
+        samples=tuple(sample(a, [2.0] * tokens) for a in answers),
+        prompt="What is 3 + 4?",
+        source="synthetic",
+    )
+
+
+def question(
+    run: Run, cutoffs: Sequence[float] = (), settings: SignalSettings = DEFAULT_SETTINGS
+) -> Any:
+    return replay.Question(0, run, settings, list(cutoffs))
+
+
+def vote_share_calibrator() -> Calibrator:
+    """P = sigmoid(10 * vote_share - 5): 0.993 when all agree, 0.5 at an even split."""
+    width = len(DEFAULT_FEATURES)
+    return Calibrator(
+        features=list(DEFAULT_FEATURES),
+        signals=DEFAULT_SETTINGS,
+        mean=[0.0] * width,
+        scale=[1.0] * width,
+        weights=[10.0] + [0.0] * (width - 1),
+        bias=-5.0,
+    )
+
+
+def loop(threshold: float = 0.9, rounds: int = 2, prune_below: float | None = None) -> Any:
+    settings = LoopSettings(
+        threshold=threshold,
+        branches=4,
+        max_rounds=rounds,
+        token_budget=replay.NO_BUDGET,
+        prune_below=prune_below,
+    )
+    return replay.loop_rule(settings, rounds)
+
+
+# --- the loop's rule -------------------------------------------------------------------
+
+
+def test_a_unanimous_question_stops_after_one_round_and_costs_its_branches() -> None:
+    q = question(number_run(["7"] * 8, tokens=3))
+    q.calibrator = vote_share_calibrator()
+    outcome = loop()(q)
+    assert outcome.branches == 4
+    assert outcome.tokens == 12  # 4 branches of 3 tokens
+    assert outcome.answer == "7" and outcome.correct
+    assert outcome.probability == pytest.approx(1 / (1 + math.exp(-5)))
+
+
+def test_a_split_question_runs_to_max_rounds() -> None:
+    q = question(number_run(["7", "5"] * 4, tokens=3))
+    q.calibrator = vote_share_calibrator()
+    outcome = loop()(q)  # P = 0.5 after each round: below 0.9
+    assert (outcome.branches, outcome.tokens) == (8, 24)
+    # At a threshold of 0.5 the even split is confident enough.
+    assert loop(threshold=0.5)(q).branches == 4
+
+
+# --- DeepConf's filter in replay -------------------------------------------------------
+
+WINDOW4 = SignalSettings(group_window=4)
+
+
+def test_stop_point_is_the_first_full_window_below_the_cutoff() -> None:
+    # Windows of 4 ending at token 7: [3, 3, 1.5, 1.5] = 2.25; at token 8: 1.875 < 2.
+    dropping = sample("x", [3.0] * 6 + [1.5] * 6)
+    assert replay.stop_point(dropping, 2.0, WINDOW4) == 9
+    assert replay.stop_point(dropping, 1.0, WINDOW4) is None
+    # Shorter than one window: never stopped mid-generation, however low.
+    assert replay.stop_point(sample("x", [0.1] * 3), 2.0, WINDOW4) is None
+
+
+def test_pruning_cuts_the_tokens_and_the_votes_of_branches_that_lose_confidence() -> None:
+    words = ["The", " answer", " is", " 5", ".", " I", " am", " not", " so", " sure", ".", "."]
+    sure = sample("The answer is 7.", [3.0] * 12, ["The", " answer", " is", " 7"] + ["."] * 8)
+    unsure = sample("The answer is 5. I am not so sure..", [3.0] * 6 + [1.5] * 6, words)
+    run = Run(
+        id="q",
+        kind="number",
+        answers=["7"],
+        samples=(sure, unsure, unsure, unsure),
+        prompt="What is 3 + 4?",
+    )
+    q = question(run, cutoffs=[2.0], settings=WINDOW4)
+    # Unfiltered, three branches outvote the sure one: 3 x 1.5 against 1 x 3.
+    plain = replay.by_verdict(q, 4)
+    assert (plain.answer, plain.tokens, plain.correct) == ("5", 48, False)
+    # Filtered, each unsure branch stops after 9 tokens and is left out of the vote.
+    cut = q.cut[2.0]
+    assert [b.tokens for b in cut] == [12, 9, 9, 9]
+    assert [b.stopped for b in cut] == [False, True, True, True]
+    assert cut[1].sample.text == "The answer is 5. I am not so"
+    pruned = replay.by_verdict(q, 4, 2.0)
+    assert (pruned.answer, pruned.tokens, pruned.correct) == ("7", 39, True)
+    verdict = q.verdict(4, 2.0)
+    assert (verdict.kept, verdict.pruned) == (1, 3)
+    # The loop's rule costs the same under the filter: one round of four.
+    outcome = loop(threshold=0.5, rounds=1, prune_below=2.0)(q)
+    assert (outcome.tokens, outcome.answer) == (39, "7")
+
+
+# --- the other policies ----------------------------------------------------------------
+
+
+def test_esc_stops_at_the_first_unanimous_window() -> None:
+    q = question(number_run(["7", "5", "7", "7", "5", "5", "7", "7"]))
+    assert replay.esc(2, 8)(q).branches == 4
+    assert replay.esc(4, 8)(q).branches == 8  # neither window of four is unanimous
+    # An unanswered sample breaks unanimity.
+    empty = question(number_run(["", "", "7", "7"]))
+    assert replay.esc(2, 4)(empty).branches == 4
+
+
+def test_beta_stopping_follows_adaptive_consistency() -> None:
+    q = question(number_run(["7"] * 8))
+    # P(leader stays ahead) after n unanimous votes is 1 - 2^-(n+1).
+    assert replay.beta(0.95, 8)(q).branches == 4
+    assert replay.beta(0.75, 8)(q).branches == 1
+
+
+def test_answer_change_rate_and_accuracy_of_a_point() -> None:
+    questions = [
+        question(number_run(["7", "5", "7", "7"], rid="a")),
+        question(number_run(["5", "7", "7", "7"], rid="b")),
+        question(number_run(["5", "5", "5", "7"], rid="c")),
+    ]
+    reference = [replay.majority(q.answers) for q in questions]
+    assert reference == ["7", "7", "5"]
+    first = replay.point(questions, replay.fixed_plain(1), "k=1", 1, reference)
+    assert first.answer_change == pytest.approx(1 / 3)  # only b's first sample differs
+    assert (first.correct, first.mean_tokens, first.mean_branches) == (1, 3.0, 1.0)
+    whole = replay.point(questions, replay.fixed_plain(4), "k=4", 4, reference)
+    assert (whole.answer_change, whole.correct, whole.mean_tokens) == (0.0, 2, 12.0)
+
+
+def _point(setting: str, correct: int, tokens: float) -> Any:
+    return replay.Point(
+        setting=setting,
+        value=0.0,
+        accuracy=correct / 100,
+        correct=correct,
+        mean_tokens=tokens,
+        mean_branches=0.0,
+        ece=None,
+        brier=None,
+        roc_auc=None,
+        answer_change=0.0,
+    )
+
+
+def test_tokens_saved_at_the_reference_accuracy_and_within_one_point() -> None:
+    reference = _point("k=16", 50, 100.0)
+    points = [_point("a", 50, 40.0), _point("b", 49, 20.0), _point("c", 47, 5.0), reference]
+    assert replay.tokens_saved(points, reference) == (pytest.approx(0.6), "a")
+    assert replay.tokens_saved(points, reference, slack=1) == (pytest.approx(0.8), "b")
+    assert replay.tokens_saved([_point("d", 49, 10.0)], reference) == (None, None)
+    curve = replay.curve("p", points, reference, questions=100)
+    assert (curve.saved, curve.saved_within_1pt) == (pytest.approx(0.6), pytest.approx(0.8))
+
+
+def test_chance_levels() -> None:
+    choice = Run(
+        id="c",
+        kind="choice",
+        answers=["B"],
+        samples=(sample("B", [1.0]),),
+        prompt="Which?\n\nA. one\nB. two\nC. three\nD. four\n\nAnswer with the letter only.",
+    )
+    assert replay.chance_level([choice]) == 0.25
+    yes, no = (
+        Run(id=a, kind="yesno", answers=[a], samples=(sample(a, [1.0]),)) for a in ("yes", "no")
+    )
+    assert replay.chance_level([yes, yes, yes, no]) == 0.75
+    assert replay.chance_level([number_run(["7"])]) == 0.0
+
+
+def test_branch_orders_shuffle_each_question_or_keep_the_banks_order() -> None:
+    run = number_run([str(i) for i in range(8)])
+    assert replay.branch_orders(run, 4, 0, seed=1)[0].samples == run.samples[:4]
+    orders = replay.branch_orders(run, 8, 3, seed=1)
+    assert len(orders) == 3
+    for shuffled in orders:
+        assert sorted(s.text for s in shuffled.samples) == [str(i) for i in range(8)]
+    assert len({tuple(s.text for s in o.samples) for o in orders}) > 1
+
+
+# --- the whole bench -------------------------------------------------------------------
+
+
+def synthetic_bank(path: Path) -> None:
+    """12 questions of 8 samples. Six have a right majority (5 of 8) and six a wrong one,
+    whatever the order; confidence runs with correctness, so the calibrator has a signal."""
+    runs = []
+    for i in range(12):
+        right_majority = i % 2 == 0
+        right, wrong = (5, 3) if right_majority else (3, 5)
+        texts = ["7"] * right + ["5"] * wrong
+        samples = tuple(
+            sample(t, [2.5 if t == "7" else 1.5, 2.0 + 0.05 * i], [t, "\n"]) for t in texts
+        )
+        runs.append(
+            Run(id=f"q{i}", kind="number", answers=["7"], samples=samples, source="synthetic")
+        )
+    write_runs(runs, path)
+
+
+def test_main_runs_end_to_end_on_a_tiny_bank(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bank, out, png = tmp_path / "bank.jsonl", tmp_path / "replay.json", tmp_path / "replay.png"
+    synthetic_bank(bank)
+    args = ["--runs", str(bank), "--folds", "2", "--k", "1", "4", "8", "--orders", "2"]
+    assert replay.main([*args, "--out-json", str(out), "--plot", str(png)]) == 0
+    report = json.loads(out.read_text())
+    assert (report["runs"], report["samples"], report["rounds"], report["orders"]) == (12, 8, 2, 2)
+    assert report["calibration"]["kind"] == "cross-fitted"
+    assert report["calibration"]["rows"] == 12 * 2 * 3
+    assert report["probe_tokens"] == 0
+    reference = report["reference"]
+    assert reference["setting"] == "k=8"
+    assert reference["accuracy"] == 0.5
+    assert reference["mean_tokens"] == 16.0  # 8 samples of 2 tokens
+    (source,) = report["sources"]
+    assert (source["per_sample"], source["majority_at_8"], source["chance"]) == (0.5, 0.5, 0.0)
+    names = [c["name"] for c in report["curves"]]
+    assert names[:4] == [
+        "fixed-k majority",
+        "fixed-k weighted vote",
+        "Beta stopping",
+        "ESC windows",
+    ]
+    assert "loop rule" in names and "vote_share alone" in names
+    plain = report["curves"][0]
+    assert [p["mean_tokens"] for p in plain["points"]] == [2.0 * k for k in range(1, 9)]
+    assert plain["saved"] is not None and plain["saved"] >= 0.0
+    for c in report["curves"]:
+        for p in c["points"]:
+            assert 0.0 <= p["ece"] <= 1.0
+            assert 0.0 <= p["answer_change"] <= 1.0
+    assert png.stat().st_size > 10_000
+    assert "fixed-k majority" in capsys.readouterr().out
