@@ -14,6 +14,7 @@ or features other than the caller expects is refused with a message naming the f
 from __future__ import annotations
 
 from collections.abc import Sequence
+from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -38,6 +39,18 @@ FORMAT: Literal["satisfice-calibrator"] = "satisfice-calibrator"
 VERSION = 1
 # Isotonic regression needs this many labels before its steps mean anything.
 ISOTONIC_MIN_LABELS = 200
+
+
+# The loop's "calibrator: bundled": fitted for the bundled large model by
+# `make default-calibrator`, shipped in the package.
+BUNDLED_CALIBRATOR = "bundled"
+
+
+def calibrator_file(name: str) -> Path:
+    """The file a config's ``calibrator`` names: "bundled", or a path."""
+    if name == BUNDLED_CALIBRATOR:
+        return Path(str(resources.files("evaluator").joinpath("data/default.calibrator")))
+    return Path(name).expanduser()
 
 
 class CalibratorFileError(ValueError):

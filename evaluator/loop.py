@@ -101,7 +101,8 @@ class LoopResult(msgspec.Struct, frozen=True, kw_only=True):
     text: str  # empty when the fallback is an error
     trace: LoopTrace
     prompt_tokens: int
-    completion_tokens: int
+    completion_tokens: int  # every token the answer cost (all branches)
+    answer_tokens: int  # the tokens of the answer itself
     engine: str  # the engine whose answer this is
 
 
@@ -239,11 +240,13 @@ class ReasoningLoop:
                 deadline_ms=None if deadline is None else (deadline - started) * 1000,
                 elapsed_ms=(time.monotonic() - started) * 1000,
             )
+            own = next((b.tokens for b in branches if b.text == text and b.votes), 0)
             return LoopResult(
                 text=text,
                 trace=trace,
                 prompt_tokens=prompt_tokens,
                 completion_tokens=spent,
+                answer_tokens=own,
                 engine=engine,
             )
 
@@ -268,6 +271,27 @@ class ReasoningLoop:
             yield result(best.text, "best", best.probability, self.engine.name)
             return
         yield result("", "error", 0.0, self.engine.name)
+
+    async def draft(
+        self,
+        engine: Engine,
+        messages: Sequence[Message],
+        params: SamplingParams,
+        deadline: float | None,
+    ) -> tuple[Generation, float]:
+        """One answer from ``engine`` (the small one) and the calibrator's P(correct) for
+        it, which decides whether the loop takes the question over."""
+        params = msgspec.structs.replace(
+            params, n=1, logprobs=True, top_logprobs=max(params.top_logprobs, self._signals.top_k)
+        )
+        generation = await engine.generate(messages, params, deadline)
+        sample = generation.samples[0]
+        if sample.finish_reason != "stop":
+            return generation, 0.0
+        question = next((m.content for m in reversed(messages) if m.role == "user"), "")
+        kind = infer_kind(question)
+        verdict = tally(kind, [sample], [extract(kind, sample.text)], calibrator=self.calibrator)
+        return generation, verdict.probability if verdict.answer is not None else 0.0
 
     def _stop(
         self,

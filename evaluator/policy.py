@@ -60,6 +60,9 @@ class LoopSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # (evaluator/data/default.calibrator); or a file from `satisfice evaluator fit`;
     # null: the raw vote share stands in for P(correct).
     calibrator: str | None = "bundled"
+    # Easy questions answered by the small engine go to the loop after all when the
+    # calibrator gives that answer less than this; None never escalates.
+    escalate_below: Probability | None = None
 
     def branches_for(self, difficulty: float | None) -> int:
         hard = difficulty is not None and difficulty >= self.hard_difficulty

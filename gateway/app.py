@@ -16,8 +16,10 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.response import Stream
 from litestar.types import ASGIApp
 
+from gateway import thinking
 from gateway.admin import ADMIN_HANDLERS
 from gateway.chat import (
+    Answer,
     ChatCall,
     answer_completion,
     answer_stream,
@@ -37,8 +39,18 @@ from gateway.openai_types import (
     Model,
     ModelList,
 )
-from gateway.pipeline import CACHE_HEADER, Embedded, Served, handle, last_user_turn, route
+from gateway.pipeline import (
+    CACHE_HEADER,
+    Dispatch,
+    Embedded,
+    Served,
+    Thought,
+    handle,
+    last_user_turn,
+    route,
+)
 from gateway.runtime import Runtime
+from gateway.thinking import SUPERSEDED_HEADER, Think
 from router.router import RouteDecision
 
 _CHAT_RESPONSES_DOC = "A chat completion, or with `stream: true` a text/event-stream of chunks."
@@ -65,9 +77,12 @@ def _runtime(state: State) -> Runtime:
         400: ResponseSpec(ErrorResponse, description="Invalid request"),
         404: ResponseSpec(ErrorResponse, description="Unknown model"),
         429: ResponseSpec(ErrorResponse, description="Engine queue full; see Retry-After"),
+        409: ResponseSpec(ErrorResponse, description="A newer turn replaced this request"),
         503: ResponseSpec(ErrorResponse, description="Not ready, or engine unavailable"),
         504: ResponseSpec(
-            ErrorResponse, description="Cache-Control: only-if-cached, and nothing cached"
+            ErrorResponse,
+            description="Cache-Control: only-if-cached and nothing cached, or the deadline "
+            "passed and the fallback policy is error",
         ),
     },
 )
@@ -78,8 +93,34 @@ async def chat_completions(
     outcome = await handle(runtime, data, request.headers)
     if isinstance(outcome, Served):
         return _served(outcome, data, request)
+    if isinstance(outcome, Thought):
+        return await _thought(runtime, outcome.think, outcome, data, request)
     call = outcome.call
     headers = {**_trace_headers(call), CACHE_HEADER: outcome.cache}
+    if outcome.superseded_ms is not None:
+        headers[SUPERSEDED_HEADER] = f"{outcome.superseded_ms:.1f}"
+    if outcome.escalate is not None and runtime.loop is not None:
+        # The small engine's answer stands unless the calibrator doubts it.
+        try:
+            generation, probability = await runtime.loop.draft(
+                call.engine, call.messages, call.params, call.deadline
+            )
+        except BaseException:
+            outcome.finished(None)
+            raise
+        threshold = runtime.loop.settings.escalate_below or 0.0
+        if probability < threshold:
+            outcome.finished(None)
+            return await _thought(runtime, outcome.escalate, outcome, data, request)
+        outcome.finished(generation)
+        headers["x-satisfice-confidence"] = f"{probability:.4f}"
+        answer = Answer(
+            text=generation.text,
+            finish_reason=generation.samples[0].finish_reason,
+            completion_tokens=generation.completion_tokens,
+            prompt_tokens=generation.prompt_tokens,
+        )
+        return _answered(answer, data, request, headers)
     if not data.stream:
         try:
             completion, generation = await complete(call)
@@ -106,19 +147,87 @@ def _served(
     headers = {CACHE_HEADER: served.source, "x-satisfice-engine": served.engine}
     if served.similarity is not None:
         headers["x-satisfice-cache-similarity"] = f"{served.similarity:.4f}"
+    return _answered(served.answer, data, request, headers)
+
+
+def _answered(
+    answer: Answer,
+    data: ChatCompletionRequest,
+    request: Request[Any, Any, Any],
+    headers: dict[str, str],
+) -> ASGIApp:
+    """An answer already in hand, as a completion or a one-chunk stream."""
     call_id = new_id()
     if not data.stream:
-        completion = answer_completion(call_id, data.model, served.answer)
+        completion = answer_completion(call_id, data.model, answer)
         response = Response(
             msgspec.json.encode(completion), media_type="application/json", headers=headers
         )
         return response.to_asgi_response(None, request)
     include_usage = bool(data.stream_options and data.stream_options.include_usage)
     headers["Cache-Control"] = "no-cache"
-    body = answer_stream(call_id, data.model, served.answer, include_usage)
+    body = answer_stream(call_id, data.model, answer, include_usage)
     return Stream(body, media_type="text/event-stream", headers=headers).to_asgi_response(
         None, request
     )
+
+
+async def _thought(
+    runtime: Runtime,
+    think: Think,
+    outcome: Thought | Dispatch,
+    data: ChatCompletionRequest,
+    request: Request[Any, Any, Any],
+) -> ASGIApp:
+    """A hard question, answered by the reasoning loop."""
+    assert runtime.loop is not None
+    headers = {
+        CACHE_HEADER: outcome.cache,
+        "x-satisfice-engine": runtime.loop.engine.name,
+        "x-satisfice-route": "loop",
+    }
+    if think.difficulty is not None:
+        headers["x-satisfice-difficulty"] = f"{think.difficulty:.4f}"
+    if think.escalated_from is not None:
+        headers["x-satisfice-escalated-from"] = think.escalated_from
+    if outcome.superseded_ms is not None:
+        headers[SUPERSEDED_HEADER] = f"{outcome.superseded_ms:.1f}"
+    run = thinking.start(runtime.loop, think, runtime.turns)
+    if data.stream:
+        headers["Cache-Control"] = "no-cache"
+        body = thinking.stream(think, run)
+        return Stream(body, media_type="text/event-stream", headers=headers).to_asgi_response(
+            None, request
+        )
+    # A plain response has no stream to close when the client leaves: watch for it.
+    watcher = asyncio.create_task(_stop_when_gone(request, run))
+    try:
+        result = await thinking.complete(think, run)
+    except thinking.Superseded:
+        raise APIError(
+            409, "a newer turn of this conversation replaced this request", code="superseded"
+        ) from None
+    finally:
+        watcher.cancel()
+        await run.stop()
+    headers.update(thinking.trace_headers(result.trace))
+    if result.trace.fallback == "error":
+        refusal = thinking.deadline_error(result.trace).response()
+        refusal.headers.update(headers)
+        return refusal.to_asgi_response(None, request)
+    encoded = msgspec.json.encode(thinking.completion(think, result))
+    return Response(encoded, media_type="application/json", headers=headers).to_asgi_response(
+        None, request
+    )
+
+
+async def _stop_when_gone(request: Request[Any, Any, Any], run: thinking.LoopRun) -> None:
+    # With the body read, the server's next message for this request is its end.
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            await run.stop()
+            return
 
 
 def _trace_headers(call: ChatCall) -> dict[str, str]:

@@ -59,6 +59,8 @@ class ChatCall(msgspec.Struct, frozen=True, kw_only=True):
     messages: tuple[Message, ...]
     params: SamplingParams
     include_usage: bool
+    # When the request's time is up (time.monotonic() seconds); None: the engine's own.
+    deadline: float | None = None
     # The engine may record logprobs for the gateway's own use (an answer's
     # confidence) that the client did not ask for.
     return_logprobs: bool
@@ -115,6 +117,7 @@ def new_call(
     decision: RouteDecision | None,
     *,
     record_logprobs: bool = False,
+    deadline: float | None = None,
 ) -> ChatCall:
     params = checked.params
     if record_logprobs and not params.logprobs:
@@ -128,6 +131,7 @@ def new_call(
         messages=checked.messages,
         params=params,
         include_usage=checked.include_usage,
+        deadline=deadline,
         return_logprobs=checked.params.logprobs,
     )
 
@@ -187,7 +191,7 @@ def _usage(generation: Generation) -> Usage:
 
 async def complete(call: ChatCall) -> tuple[ChatCompletion, Generation]:
     """The completion, and the engine's generation behind it."""
-    generation = await call.engine.generate(call.messages, call.params)
+    generation = await call.engine.generate(call.messages, call.params, call.deadline)
     completion = ChatCompletion(
         id=call.id,
         created=call.created,
@@ -221,7 +225,7 @@ async def open_stream(call: ChatCall, finished: Finished | None = None) -> Async
     proper status code instead of an error inside a 200 stream. ``finished`` hears
     the whole generation once the stream has sent it, or None if it did not end.
     """
-    events = call.engine.stream(call.messages, call.params)
+    events = call.engine.stream(call.messages, call.params, call.deadline)
     try:
         first = await anext(events)
     except BaseException:
@@ -290,6 +294,13 @@ class Answer(msgspec.Struct, frozen=True, kw_only=True):
     finish_reason: str
     completion_tokens: int
     prompt_tokens: int = 0
+
+
+class EngineAnswer(msgspec.Struct, frozen=True):
+    """An answer and the engine that gave it, as identical requests share it."""
+
+    answer: Answer
+    engine: str
 
 
 def answer_completion(call_id: str, model: str, answer: Answer) -> ChatCompletion:

@@ -18,6 +18,8 @@ import yaml
 
 from cache.settings import CacheSettings
 from engines.settings import EngineSettings
+from evaluator.loop import FallbackSettings
+from evaluator.policy import LoopSettings
 from router.embedder import EmbedderSettings
 from router.settings import RouterSettings
 
@@ -42,6 +44,38 @@ class ServerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     admin_key: str | None = None
 
 
+Milliseconds = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class TenantSLA(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One tenant's own deadlines and fallback; what it leaves out comes from ``sla``."""
+
+    deadline_ms: dict[str, Milliseconds] = {}
+    fallback: FallbackSettings | None = None
+
+
+class SLASettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """How long a request may take, by the tier that answers it, and what answers when
+    the reasoning loop runs out of time. A request's own ``x-satisfice-deadline-ms``
+    header may shorten its deadline, never lengthen it."""
+
+    # Per tier (engine name), milliseconds from the request's arrival; a tier not
+    # listed has no deadline beyond its engine's timeout_s.
+    deadline_ms: dict[str, Milliseconds] = {}
+    fallback: FallbackSettings = FallbackSettings()
+    tenants: dict[str, TenantSLA] = {}
+
+    def deadline_for(self, tenant: str, tier: str) -> int | None:
+        own = self.tenants.get(tenant)
+        if own is not None and tier in own.deadline_ms:
+            return own.deadline_ms[tier]
+        return self.deadline_ms.get(tier)
+
+    def fallback_for(self, tenant: str) -> FallbackSettings:
+        own = self.tenants.get(tenant)
+        return own.fallback if own is not None and own.fallback is not None else self.fallback
+
+
 class GatewayConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     server: ServerSettings = ServerSettings()
     # Where weights assembled from packages are kept between starts (~ is expanded).
@@ -54,6 +88,10 @@ class GatewayConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     router: RouterSettings | None = None
     # Exact and semantic answers from earlier requests; without it, no cache.
     cache: CacheSettings | None = None
+    # Hard questions routed to the large engine think in rounds until confident
+    # (needs the router); without it, they get one pass like any other.
+    loop: LoopSettings | None = None
+    sla: SLASettings = SLASettings()
 
     def __post_init__(self) -> None:
         if not self.engines:
@@ -64,6 +102,16 @@ class GatewayConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
             for tier in (self.router.small_engine, self.router.large_engine):
                 if tier not in self.engines:
                     raise ValueError(f"router: engine {tier!r} is not configured under engines")
+        if self.loop is not None and self.router is None:
+            raise ValueError("loop: needs a router, which decides what is hard")
+        tiers = [("sla.deadline_ms", t) for t in self.sla.deadline_ms] + [
+            (f"sla.tenants.{name}.deadline_ms", t)
+            for name, tenant in self.sla.tenants.items()
+            for t in tenant.deadline_ms
+        ]
+        for where, tier in tiers:
+            if tier not in self.engines:
+                raise ValueError(f"{where}: {tier!r} is not an engine under engines")
         if self.server.default_max_tokens > self.server.max_tokens_cap:
             raise ValueError("server.default_max_tokens must not exceed server.max_tokens_cap")
 

@@ -12,6 +12,8 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta, Struct
 
+from evaluator.loop import LoopTrace
+
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 
@@ -85,7 +87,7 @@ class Usage(Struct, frozen=True):
     total_tokens: int
 
 
-class ChatCompletion(Struct, frozen=True, kw_only=True):
+class ChatCompletion(Struct, frozen=True, kw_only=True, omit_defaults=True):
     id: str
     object: Literal["chat.completion"] = "chat.completion"
     created: int
@@ -93,11 +95,15 @@ class ChatCompletion(Struct, frozen=True, kw_only=True):
     choices: list[Choice]
     usage: Usage
     system_fingerprint: str | None = None
+    # The reasoning loop's decision trace, on answers it gave (clients ignore it).
+    satisfice: LoopTrace | None = None
 
 
 class ChunkDelta(Struct, frozen=True, omit_defaults=True):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    # The reasoning loop's progress while it thinks, as reasoning models stream theirs.
+    reasoning_content: str | None = None
 
 
 class ChunkChoice(Struct, frozen=True):
@@ -107,13 +113,14 @@ class ChunkChoice(Struct, frozen=True):
     logprobs: ChoiceLogprobs | None = None
 
 
-class ChatCompletionChunk(Struct, frozen=True, kw_only=True):
+class ChatCompletionChunk(Struct, frozen=True, kw_only=True, omit_defaults=True):
     id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     created: int
     model: str
     choices: list[ChunkChoice]
     usage: Usage | None = None
+    satisfice: LoopTrace | None = None  # on the reasoning loop's last chunk
 
 
 class Model(Struct, frozen=True):

@@ -21,11 +21,23 @@ from cache.entry import Namespace, context_fingerprint, entry_id, sampling_key
 from cache.semantic_cache import Hit, SemanticCache
 from cache.settings import CacheSettings
 from engines.base import Generation, Message
-from gateway.chat import Answer, ChatCall, Checked, Finished, check, new_call, unknown_model
+from evaluator.loop import LoopResult
+from gateway.chat import (
+    Answer,
+    ChatCall,
+    Checked,
+    EngineAnswer,
+    Finished,
+    check,
+    new_call,
+    new_id,
+    unknown_model,
+)
 from gateway.config import AUTO_MODEL
 from gateway.errors import APIError
 from gateway.openai_types import ChatCompletionRequest
 from gateway.runtime import Runtime
+from gateway.thinking import Think, conversation_key, requested_deadline_ms
 from router.embedder import Embedding
 from router.router import RouteDecision
 
@@ -112,20 +124,41 @@ class Served(msgspec.Struct, frozen=True, kw_only=True):
     similarity: float | None = None
 
 
+CacheStatus = Literal["miss", "bypass", "off"]
+
+
 class Dispatch(msgspec.Struct, frozen=True, kw_only=True):
     """A request for an engine; ``finished`` must hear its generation (or None)."""
 
     call: ChatCall
-    cache: Literal["miss", "bypass", "off"]
+    cache: CacheStatus
     finished: Finished
+    # Easy answers the loop may take over when the calibrator doubts them.
+    escalate: Think | None = None
+    # Milliseconds the conversation's previous turn took to stop, if one was in flight.
+    superseded_ms: float | None = None
+
+
+class Thought(msgspec.Struct, frozen=True, kw_only=True):
+    """A hard question for the reasoning loop."""
+
+    think: Think
+    cache: CacheStatus
+    superseded_ms: float | None = None
 
 
 async def handle(
     runtime: Runtime, request: ChatCompletionRequest, headers: Mapping[str, str]
-) -> Served | Dispatch:
+) -> Served | Dispatch | Thought:
+    arrived = time.monotonic()
     checked = check(request, runtime.engines, runtime.config.server)
     if request.model == AUTO_MODEL and runtime.router is None:
         raise unknown_model(request.model, runtime.engines, " (routing is turned off)")
+    asked_ms = requested_deadline_ms(headers)
+    # A new turn stops the last one's thinking before anything else: it may be asking
+    # the same engines.
+    conversation = conversation_key(DEFAULT_TENANT, headers, request.user)
+    superseded_ms = await runtime.turns.supersede(conversation)
     cache, plan, control = runtime.cache, None, cache_control(headers)
     if cache is not None:
         plan = cache_plan(request, checked, cache.settings, runtime.embedding_model, control)
@@ -148,32 +181,131 @@ async def handle(
 
     decision = await route(runtime, embedded) if request.model == AUTO_MODEL else None
     engine = runtime.engines[decision.engine if decision else request.model]
+    sla = runtime.config.sla
+    limits = [sla.deadline_for(DEFAULT_TENANT, engine.name), asked_ms]
+    deadline_ms = min((ms for ms in limits if ms is not None), default=None)
+    deadline = None if deadline_ms is None else arrived + deadline_ms / 1000
 
     flight = None
     if cache is not None and plan is not None and plan.lookup and cache.settings.coalesce:
         key = (plan.namespace.key, entry_id(plan.namespace, plan.prompt), checked.params)
         flight, leads = runtime.flights.join(key)
         if not leads:
-            served = await _follow(flight, runtime.config.engines[engine.name].timeout_s)
+            limit_s = None if deadline is None else max(0.0, deadline - time.monotonic())
+            served = await _follow(flight, runtime.config.engines[engine.name].timeout_s, limit_s)
             if served is not None:
                 return served
             flight = None  # the leader got no answer: this request makes its own
 
     storing = cache is not None and plan is not None and plan.store
-    call = new_call(request.model, checked, engine, decision, record_logprobs=storing)
+    tier = decision.tier if decision is not None else engine.name
+    keep = _Keeper(runtime, plan if storing else None, embedded, tier, flight)
+    think = _think(runtime, request, checked, decision, conversation, keep, arrived, asked_ms)
+    if think is not None and think.escalated_from is None:
+        return Thought(think=think, cache=status, superseded_ms=superseded_ms)
+    call = new_call(
+        request.model, checked, engine, decision, record_logprobs=storing, deadline=deadline
+    )
+    return Dispatch(
+        call=call,
+        cache=status,
+        finished=keep.generation,
+        escalate=think,
+        superseded_ms=superseded_ms,
+    )
 
-    def finished(generation: Generation | None) -> None:
+
+def _think(
+    runtime: Runtime,
+    request: ChatCompletionRequest,
+    checked: Checked,
+    decision: RouteDecision | None,
+    conversation: str | None,
+    keep: _Keeper,
+    arrived: float,
+    asked_ms: int | None,
+) -> Think | None:
+    """The loop's part in a routed request: all of a hard one; an easy one's, should
+    its answer need escalating; none when the loop is off or the request asks for
+    several samples or logprobs (the loop answers one choice in plain text)."""
+    loop = runtime.loop
+    if loop is None or decision is None or checked.params.n > 1 or checked.params.logprobs:
+        return None
+    escalated_from = None if decision.engine == loop.engine.name else decision.engine
+    if escalated_from is not None and loop.settings.escalate_below is None:
+        return None
+    # The loop's own deadline, from the request's arrival, even when it takes over
+    # from the small engine.
+    limits = [runtime.config.sla.deadline_for(DEFAULT_TENANT, loop.engine.name), asked_ms]
+    deadline_ms = min((ms for ms in limits if ms is not None), default=None)
+    return Think(
+        id=new_id(),
+        created=int(time.time()),
+        model=request.model,
+        messages=checked.messages,
+        include_usage=checked.include_usage,
+        max_tokens=checked.params.max_tokens,
+        deadline=None if deadline_ms is None else arrived + deadline_ms / 1000,
+        fallback=runtime.config.sla.fallback_for(DEFAULT_TENANT),
+        difficulty=decision.score,
+        conversation=conversation,
+        escalated_from=escalated_from,
+        finished=keep.loop_result,
+    )
+
+
+class _Keeper:
+    """What happens to an answer once given: identical requests waiting for it hear it,
+    and, if the request may be stored, a whole answer goes to the cache."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        plan: CachePlan | None,
+        embedded: Embedded,
+        tier: str,
+        flight: Flight[EngineAnswer] | None,
+    ) -> None:
+        self._runtime, self._plan, self._embedded = runtime, plan, embedded
+        self._tier, self._flight = tier, flight
+
+    def generation(self, generation: Generation | None) -> None:
+        if generation is None:
+            return self._keep(None, "", 0.0)
+        sample = generation.samples[0]
+        answer = Answer(
+            text=sample.text,
+            finish_reason=sample.finish_reason,
+            completion_tokens=sample.completion_tokens,
+            prompt_tokens=generation.prompt_tokens,
+        )
+        return self._keep(answer, generation.engine, confidence(generation))
+
+    def loop_result(self, result: LoopResult | None) -> None:
+        # Only the loop's own answer: a fallback's is not what it would have said.
+        if result is None or result.trace.fallback != "none":
+            return self._keep(None, "", 0.0)
+        answer = Answer(
+            text=result.text,
+            finish_reason="stop",
+            completion_tokens=result.answer_tokens,
+            prompt_tokens=result.prompt_tokens,
+        )
+        return self._keep(answer, result.engine, result.trace.confidence)
+
+    def _keep(self, answer: Answer | None, engine: str, confidence: float) -> None:
+        flight = self._flight
         if flight is not None:
-            flight.land(generation)
-        if generation is None or not storing or plan is None:
+            flight.land(None if answer is None else EngineAnswer(answer, engine))
+        if answer is None or self._plan is None:
             if flight is not None:
                 flight.end()
             return
-        tier = decision.tier if decision is not None else engine.name
-        write = _write_back(runtime, plan, embedded, generation, tier, flight)
-        runtime.in_background(asyncio.ensure_future(write))
-
-    return Dispatch(call=call, cache=status, finished=finished)
+        write = _write_back(
+            self._runtime, self._plan, self._embedded, answer, engine, confidence, self._tier,
+            flight,
+        )  # fmt: skip
+        self._runtime.in_background(asyncio.ensure_future(write))
 
 
 async def _from_cache(
@@ -190,25 +322,21 @@ async def _from_cache(
     return Served(answer=answer, source=found.path, engine=entry.model, similarity=found.similarity)
 
 
-async def _follow(flight: Flight[Generation], limit_s: float | None) -> Served | None:
+async def _follow(
+    flight: Flight[EngineAnswer], engine_timeout_s: float | None, deadline_s: float | None
+) -> Served | None:
     """The answer of the identical request in flight, or None if it got none."""
     # Bounded by the engine's own timeout: a leader whose response never started
     # (its client left first) may never land its flight.
+    limits = [t for t in (engine_timeout_s, deadline_s) if t is not None]
     try:
-        async with asyncio.timeout(limit_s):
-            generation = await flight.wait()
+        async with asyncio.timeout(min(limits, default=None)):
+            shared = await flight.wait()
     except TimeoutError:
         return None
-    if generation is None:
+    if shared is None:
         return None
-    sample = generation.samples[0]
-    answer = Answer(
-        text=sample.text,
-        finish_reason=sample.finish_reason,
-        completion_tokens=sample.completion_tokens,
-        prompt_tokens=generation.prompt_tokens,
-    )
-    return Served(answer=answer, source="coalesced", engine=generation.engine)
+    return Served(answer=shared.answer, source="coalesced", engine=shared.engine)
 
 
 async def route(runtime: Runtime, embedded: Embedded) -> RouteDecision:
@@ -230,12 +358,14 @@ async def _write_back(
     runtime: Runtime,
     plan: CachePlan,
     embedded: Embedded,
-    generation: Generation,
+    answer: Answer,
+    engine: str,
+    confidence: float,
     tier: str,
-    flight: Flight[Generation] | None,
+    flight: Flight[EngineAnswer] | None,
 ) -> None:
     try:
-        await _store(runtime, plan, embedded, generation, tier)
+        await _store(runtime, plan, embedded, answer, engine, confidence, tier)
     except Exception:  # a failed write-back costs a future hit, never this answer
         log.exception("cache write-back failed")
     finally:
@@ -244,22 +374,27 @@ async def _write_back(
 
 
 async def _store(
-    runtime: Runtime, plan: CachePlan, embedded: Embedded, generation: Generation, tier: str
+    runtime: Runtime,
+    plan: CachePlan,
+    embedded: Embedded,
+    answer: Answer,
+    engine: str,
+    confidence: float,
+    tier: str,
 ) -> None:
     cache = runtime.cache
-    sample = generation.samples[0]
     # Only whole answers: one cut short by max_tokens or a deadline is not the answer.
-    if cache is None or sample.finish_reason != "stop" or not sample.text.strip():
+    if cache is None or answer.finish_reason != "stop" or not answer.text.strip():
         return
     entry = cache.entry(
         plan.namespace,
         plan.prompt,
         await embedded.get(),
-        response=sample.text,
-        model=generation.engine,
+        response=answer.text,
+        model=engine,
         tier=tier,
-        confidence=confidence(generation),
-        completion_tokens=sample.completion_tokens,
+        confidence=confidence,
+        completion_tokens=answer.completion_tokens,
     )
     await cache.put([entry])
 

@@ -10,8 +10,11 @@ from cache import create_store
 from cache.coalesce import Coalescer
 from cache.semantic_cache import SemanticCache
 from engines import Engine, create_engine
-from engines.base import Generation
+from evaluator.calibration import calibrator_file, read_calibrator
+from evaluator.loop import ReasoningLoop
+from gateway.chat import EngineAnswer
 from gateway.config import GatewayConfig
+from gateway.thinking import Turns
 from router.embedder import Embedder
 from router.router import Router
 
@@ -37,7 +40,19 @@ class Runtime:
         self.cache: SemanticCache | None = None
         if config.cache is not None:
             self.cache = SemanticCache(config.cache, create_store(config.cache))
-        self.flights: Coalescer[Generation] = Coalescer()
+        # Hard questions think on the large engine; the small one is the fallback.
+        self.loop: ReasoningLoop | None = None
+        if config.loop is not None and config.router is not None:
+            name = config.loop.calibrator
+            calibrator = None if name is None else read_calibrator(calibrator_file(name))
+            self.loop = ReasoningLoop(
+                self.engines[config.router.large_engine],
+                config.loop,
+                calibrator,
+                small=self.engines[config.router.small_engine],
+            )
+        self.turns = Turns()
+        self.flights: Coalescer[EngineAnswer] = Coalescer()
         # Write-backs run after their response has gone; kept here so they finish.
         self.background: set[asyncio.Task[object]] = set()
         self.ready = False

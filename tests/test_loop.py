@@ -1,0 +1,167 @@
+"""The reasoning loop on the bundled models: its stop rules, deadline and fallbacks,
+pruning, cancellation and the small model's draft."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import pytest
+
+from engines.base import Message
+from engines.llama_cpp import LlamaCppEngine
+from evaluator.calibration import Calibrator, calibrator_file, read_calibrator
+from evaluator.loop import FallbackSettings, LoopResult, ReasoningLoop, Thinking
+from evaluator.policy import LoopSettings
+from evaluator.signals import SignalSettings
+
+QUESTION = [Message("user", "What is the capital of Spain?")]
+
+
+def doubtful() -> Calibrator:
+    """A real calibrator that gives every answer P = 0.5, so only rounds, tokens and
+    time can stop the loop."""
+    return Calibrator(
+        features=["vote_share"],
+        signals=SignalSettings(),
+        mean=[0.0],
+        scale=[1.0],
+        weights=[0.0],
+        bias=0.0,
+    )
+
+
+async def run(loop: ReasoningLoop, **options: object) -> tuple[list[Thinking], LoopResult]:
+    notes: list[Thinking] = []
+    result = None
+    async for event in loop.run(QUESTION, **options):  # type: ignore[arg-type]
+        if isinstance(event, Thinking):
+            notes.append(event)
+        else:
+            result = event
+    assert result is not None
+    return notes, result
+
+
+async def test_stops_when_confident(large_engine: LlamaCppEngine) -> None:
+    loop = ReasoningLoop(large_engine, LoopSettings(threshold=0.1, calibrator=None), None)
+    notes, result = await run(loop, deadline=None)
+    assert result.trace.stop == "confident" and result.trace.fallback == "none"
+    assert len(result.trace.rounds) == 1 and len(result.trace.rounds[0].branches) == 4
+    assert result.text.strip()
+    assert result.trace.tokens == sum(b.tokens for b in result.trace.rounds[0].branches) > 0
+    assert result.completion_tokens == result.trace.tokens
+    # One note before any work, one per round.
+    assert len(notes) == 2 and "4 branches" in notes[0].text
+
+
+async def test_runs_out_of_rounds_then_tokens(large_engine: LlamaCppEngine) -> None:
+    settings = LoopSettings(branches=2, max_rounds=3, calibrator=None)
+    _, result = await run(ReasoningLoop(large_engine, settings, doubtful()), deadline=None)
+    assert result.trace.stop == "max_rounds" and len(result.trace.rounds) == 3
+    assert result.trace.confidence == pytest.approx(0.5)
+    assert result.trace.fallback == "none"  # its own answer, at its limits
+
+    per_round = result.trace.rounds[0].tokens
+    budget = LoopSettings(branches=2, max_rounds=10, token_budget=max(1, per_round + 1))
+    _, result = await run(ReasoningLoop(large_engine, budget, doubtful()), deadline=None)
+    assert result.trace.stop == "token_budget"
+    assert len(result.trace.rounds) < 10
+
+
+@pytest.mark.parametrize("policy", ["best", "small", "error"])
+async def test_deadline_fallbacks(
+    large_engine: LlamaCppEngine, small_engine: LlamaCppEngine, policy: str
+) -> None:
+    settings = LoopSettings(branches=2, max_rounds=100, token_budget=100_000)
+    loop = ReasoningLoop(large_engine, settings, doubtful(), small=small_engine)
+    fallback = FallbackSettings(policy=policy, hedge=True)  # type: ignore[arg-type]
+    started = time.monotonic()
+    deadline = started + 1.5
+    _, result = await run(loop, deadline=deadline, fallback=fallback)
+    finished = time.monotonic()
+    trace = result.trace
+    assert trace.stop == "deadline"
+    assert trace.fallback == policy
+    # The loop never overstays: a round it cannot finish is not started, and a round
+    # cut by the deadline stops within a token.
+    assert finished - deadline < 0.25
+    if policy == "error":
+        assert result.text == ""
+    elif policy == "small":
+        assert result.engine == small_engine.name and result.text.strip()
+    else:
+        assert result.engine == large_engine.name and result.text.strip()
+        assert trace.confidence == pytest.approx(0.5)
+
+
+async def test_a_deadline_already_past_does_no_work(large_engine: LlamaCppEngine) -> None:
+    loop = ReasoningLoop(large_engine, LoopSettings(calibrator=None), None)
+    _, result = await run(loop, deadline=time.monotonic() - 1)
+    assert result.trace.stop == "deadline" and result.trace.rounds == []
+    assert result.trace.fallback == "error" and result.trace.tokens == 0
+
+
+async def test_pruning_stops_low_confidence_branches(large_engine: LlamaCppEngine) -> None:
+    # A cut-off above any confidence the model reaches stops every branch after one
+    # window, without letting it vote.
+    signals = SignalSettings(group_window=2)
+    calibrator = Calibrator(
+        features=["vote_share"],
+        signals=signals,
+        mean=[0.0],
+        scale=[1.0],
+        weights=[0.0],
+        bias=0.0,
+    )
+    settings = LoopSettings(branches=2, max_rounds=1, prune_below=1e9, round_tokens=32)
+    loop = ReasoningLoop(large_engine, settings, calibrator)
+    question = [Message("user", "Write a long story about a dragon.")]
+    result = None
+    async for event in loop.run(question, deadline=None):
+        if isinstance(event, LoopResult):
+            result = event
+    assert result is not None
+    branches = result.trace.rounds[0].branches
+    assert [b.finish_reason for b in branches] == ["pruned", "pruned"]
+    assert all(b.tokens == 2 for b in branches)
+
+
+async def test_closing_the_loop_stops_generation(large_engine: LlamaCppEngine) -> None:
+    settings = LoopSettings(branches=4, max_rounds=100, token_budget=100_000, round_tokens=200)
+    loop = ReasoningLoop(large_engine, settings, doubtful())
+    question = [Message("user", "Write a long story about a dragon.")]
+    events = loop.run(question, deadline=None)
+    first = await anext(events)
+    assert isinstance(first, Thinking)
+    task = asyncio.ensure_future(anext(events))
+    await asyncio.sleep(0.3)  # generating now
+    before = large_engine.tokens_generated
+    started = time.monotonic()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await events.aclose()
+    # Every slot is free again, and no token came after the next one.
+    for _ in range(100):
+        if not large_engine.busy_slots:
+            break
+        await asyncio.sleep(0.005)
+    assert large_engine.busy_slots == 0
+    assert time.monotonic() - started < 0.5
+    assert large_engine.tokens_generated - before <= 2
+
+
+async def test_draft_scores_the_small_answer(
+    large_engine: LlamaCppEngine, small_engine: LlamaCppEngine
+) -> None:
+    loop = ReasoningLoop(large_engine, LoopSettings(), read_calibrator(calibrator_file("bundled")))
+    from engines.base import SamplingParams
+
+    generation, probability = await loop.draft(
+        small_engine, QUESTION, SamplingParams(max_tokens=32, temperature=0.0), None
+    )
+    assert generation.engine == small_engine.name and generation.text.strip()
+    assert generation.samples[0].logprobs  # the draft asks for what the signals need
+    assert 0.0 <= probability <= 1.0
