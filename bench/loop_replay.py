@@ -26,9 +26,11 @@ P(correct) is honest: each question's comes from a calibrator fitted, with
 evaluator.calibration.fit on training_set rows, on the other folds of questions only
 (``--folds``), unless ``--calibrator`` names a file to use for all of them. With
 ``prune_below`` set, a branch stops at the first token where its sliding-window group
-confidence (once a window is full) falls below the cut-off, as the live loop stops it:
-its tokens count to that point, and its truncated trace goes to ``tally``, whose filter
-then leaves it out of the vote.
+confidence (once a window is full) falls below the cut-off, as evaluator.loop stops
+it: its tokens count to that point and it does not vote; ``tally``'s own filter then
+leaves out finished branches whose lowest group confidence is below the cut-off. As in
+the loop, the answer is the last round's, or the most probable round's when the last
+has none.
 
 Samples are replayed in several seeded random orders per question (``--orders``),
 averaged: the bank draws sample i of every question with the same seed, so its own
@@ -111,13 +113,13 @@ _OPTION_LINE = re.compile(r"^[A-E]\. ", re.MULTILINE)
 
 
 class Branch(msgspec.Struct, frozen=True, kw_only=True):
-    """A sample as the loop sees it: whole, or cut where DeepConf's filter stopped it."""
+    """A sample as the loop sees it: whole, or stopped mid-generation by the filter."""
 
     sample: RunSample
     answer: str | None
     trace: TraceConfidence
     tokens: int  # what generating it cost
-    stopped: bool = False  # cut mid-generation by the filter
+    stopped: bool = False  # cut mid-generation: it does not vote
 
 
 class Question:
@@ -141,19 +143,14 @@ class Question:
         for cutoff in cutoffs:
             self.cut[cutoff] = [self._pruned(b, cutoff) for b in self.whole]
         self._grades: dict[str | None, bool] = {}
-        self._tallies: dict[tuple[int, float | None], Verdict] = {}
+        self._tallies: dict[tuple[int, float | None], Verdict | None] = {}
         self._probabilities: dict[tuple[int, str | None], float] = {}
 
     def _pruned(self, branch: Branch, cutoff: float) -> Branch:
         end = stop_point(branch.sample, cutoff, self.settings)
         if end is None or end >= branch.tokens:
             return branch
-        logprobs = branch.sample.logprobs[:end]
-        text = "".join(t.token for t in logprobs).strip()
-        sample = RunSample(text=text, logprobs=logprobs, completion_tokens=end)
-        cut = _branch(self.run, sample, self.settings)
-        self._texts.setdefault(cut.answer, text)
-        return msgspec.structs.replace(cut, stopped=True)
+        return msgspec.structs.replace(branch, tokens=end, stopped=True)
 
     def correct(self, answer: str | None) -> bool:
         """Grading depends only on the extracted answer, so one text that gave it will do."""
@@ -163,24 +160,34 @@ class Question:
             self._grades[answer] = is_correct(self.run.question, self._texts[answer])
         return self._grades[answer]
 
-    def verdict(self, n: int, cutoff: float | None = None) -> Verdict:
-        """The loop's tally of the first ``n`` branches under the cut-off (None: no filter)."""
+    def verdict(self, n: int, cutoff: float | None = None) -> Verdict | None:
+        """The loop's tally of the first ``n`` branches under the cut-off (None: no
+        filter); None when every one of them was stopped mid-generation."""
         key = (n, cutoff)
         if key not in self._tallies:
-            branches = self.cut[cutoff][:n]
-            verdict = tally(
-                self.run.kind,
-                [b.sample for b in branches],
-                [b.answer for b in branches],
-                prune_below=cutoff,
-                traces=[b.trace for b in branches],
-                settings=self.settings,
-            )
-            # What tally does with a calibrator, but a round whose branches all came
-            # back empty (no answer, no logprobs) gets P = 0 instead of an error.
-            p = self._calibrated(verdict.signals)
-            self._tallies[key] = msgspec.structs.replace(verdict, probability=p)
+            voting = [b for b in self.cut[cutoff][:n] if not b.stopped]
+            verdict = None
+            if voting:
+                verdict = tally(
+                    self.run.kind,
+                    [b.sample for b in voting],
+                    [b.answer for b in voting],
+                    prune_below=cutoff,
+                    traces=[b.trace for b in voting],
+                    settings=self.settings,
+                )
+                # What tally does with a calibrator, but a round whose branches all
+                # came back empty (no answer, no logprobs) gets P = 0, not an error.
+                p = self._calibrated(verdict.signals)
+                verdict = msgspec.structs.replace(verdict, probability=p)
+            self._tallies[key] = verdict
         return self._tallies[key]
+
+    def whole_verdict(self, n: int) -> Verdict:
+        """The unfiltered tally of the first ``n`` branches (never None)."""
+        verdict = self.verdict(n)
+        assert verdict is not None
+        return verdict
 
     def probability(self, n: int, answer: str | None) -> float:
         """Calibrated P(correct) of ``answer`` given the first ``n`` whole samples, for
@@ -276,9 +283,12 @@ def by_majority(q: Question, n: int) -> Outcome:
     return Outcome(answer, q.correct(answer), sum(q.tokens[:n]), n, q.probability(n, answer))
 
 
-def by_verdict(q: Question, n: int, cutoff: float | None = None) -> Outcome:
-    verdict = q.verdict(n, cutoff)
+def by_verdict(
+    q: Question, n: int, verdict: Verdict | None, cutoff: float | None = None
+) -> Outcome:
     tokens = sum(b.tokens for b in q.cut[cutoff][:n])
+    if verdict is None:
+        return Outcome(None, False, tokens, n, 0.0)
     return Outcome(verdict.answer, q.correct(verdict.answer), tokens, n, verdict.probability)
 
 
@@ -287,7 +297,7 @@ def fixed_plain(k: int) -> Policy:
 
 
 def fixed_weighted(k: int) -> Policy:
-    return lambda q: by_verdict(q, k)
+    return lambda q: by_verdict(q, k, q.whole_verdict(k))
 
 
 def beta(threshold: float, samples: int) -> Policy:
@@ -319,32 +329,37 @@ def signal_alone(name: str, threshold: float, branches: int, rounds: int) -> Pol
     def policy(q: Question) -> Outcome:
         n = rounds * branches
         for r in range(1, rounds + 1):
-            value = getattr(q.verdict(r * branches).signals, name)
+            value = getattr(q.whole_verdict(r * branches).signals, name)
             if value is not None and value >= threshold:
                 n = r * branches
                 break
-        return by_verdict(q, n)
+        return by_verdict(q, n, q.whole_verdict(n))
 
     return policy
 
 
 def loop_rule(settings: LoopSettings, rounds: int) -> Policy:
-    """evaluator.policy's own decisions, round after round, as the live loop takes them."""
+    """evaluator.policy's own decisions, round after round, as evaluator.loop takes them."""
 
     def policy(q: Question) -> Outcome:
         cutoff = settings.prune_below
+        best: Verdict | None = None
         for r in range(1, rounds + 1):
             n = r * settings.branches
             spent = sum(b.tokens for b in q.cut[cutoff][:n])
+            verdict = q.verdict(n, cutoff)
+            if verdict is not None and (best is None or verdict.probability >= best.probability):
+                best = verdict
             reason = stop_reason(
-                q.verdict(n, cutoff),
+                verdict,
                 rounds=r,
                 tokens=spent,
-                next_round_tokens=spent / r,
+                next_round_tokens=settings.branches * spent / n,
                 settings=settings,
             )
             if reason is not None:
-                return by_verdict(q, n, cutoff)
+                final = verdict if verdict is not None and verdict.answer is not None else best
+                return by_verdict(q, n, final, cutoff)
         raise AssertionError("stop_reason stops at max_rounds")
 
     return policy
@@ -513,7 +528,7 @@ def by_source(questions: Sequence[Question], samples: int) -> list[dict[str, Any
                 f"majority_at_{samples}": plain,
                 f"majority_at_{samples}_95ci": [low, high],
                 f"weighted_at_{samples}": float(
-                    np.mean([q.correct(q.verdict(samples).answer) for q in group])
+                    np.mean([q.correct(q.whole_verdict(samples).answer) for q in group])
                 ),
                 "chance": chance_level(list(runs.values())),
             }
@@ -581,7 +596,7 @@ def replay(
             v
             for q in questions
             for r in range(1, rounds + 1)
-            if (v := getattr(q.verdict(r * branches).signals, name)) is not None
+            if (v := getattr(q.whole_verdict(r * branches).signals, name)) is not None
         ]
         if not values:
             continue

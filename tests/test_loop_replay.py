@@ -10,6 +10,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import msgspec
 import pytest
 
 from evaluator.calibration import Calibrator
@@ -139,20 +140,38 @@ def test_pruning_cuts_the_tokens_and_the_votes_of_branches_that_lose_confidence(
     )
     q = question(run, cutoffs=[2.0], settings=WINDOW4)
     # Unfiltered, three branches outvote the sure one: 3 x 1.5 against 1 x 3.
-    plain = replay.by_verdict(q, 4)
+    plain = replay.by_verdict(q, 4, q.verdict(4))
     assert (plain.answer, plain.tokens, plain.correct) == ("5", 48, False)
-    # Filtered, each unsure branch stops after 9 tokens and is left out of the vote.
+    # Filtered, each unsure branch stops after 9 tokens and does not vote.
     cut = q.cut[2.0]
     assert [b.tokens for b in cut] == [12, 9, 9, 9]
     assert [b.stopped for b in cut] == [False, True, True, True]
-    assert cut[1].sample.text == "The answer is 5. I am not so"
-    pruned = replay.by_verdict(q, 4, 2.0)
-    assert (pruned.answer, pruned.tokens, pruned.correct) == ("7", 39, True)
     verdict = q.verdict(4, 2.0)
-    assert (verdict.kept, verdict.pruned) == (1, 3)
+    assert (verdict.answer, verdict.kept, verdict.pruned) == ("7", 1, 0)
+    pruned = replay.by_verdict(q, 4, verdict, 2.0)
+    assert (pruned.answer, pruned.tokens, pruned.correct) == ("7", 39, True)
+    # With only unsure branches there is no vote at all, and no answer.
+    unsure_only = question(msgspec.structs.replace(run, samples=(unsure,) * 4), [2.0], WINDOW4)
+    assert unsure_only.verdict(4, 2.0) is None
+    assert replay.loop_rule(LoopSettings(threshold=0.5, max_rounds=1, prune_below=2.0), 1)(
+        unsure_only
+    ) == replay.Outcome(None, False, 36, 4, 0.0)
     # The loop's rule costs the same under the filter: one round of four.
     outcome = loop(threshold=0.5, rounds=1, prune_below=2.0)(q)
     assert (outcome.tokens, outcome.answer) == (39, "7")
+
+
+def test_a_finished_branch_below_the_cutoff_is_left_out_by_tally() -> None:
+    # Two tokens: never a full window of 16, so never stopped, but its lowest group
+    # (the mean of both) is 1.0 and the filter at 1.5 leaves it out of the vote.
+    low = sample("5", [1.0, 1.0], ["5", "\n"])
+    high = sample("7", [2.0, 2.0], ["7", "\n"])
+    run = Run(id="q", kind="number", answers=["7"], samples=(low, low, high, high))
+    q = question(run, cutoffs=[1.5])
+    assert [b.stopped for b in q.cut[1.5]] == [False] * 4
+    verdict = q.verdict(4, 1.5)
+    assert (verdict.answer, verdict.kept, verdict.pruned) == ("7", 2, 2)
+    assert replay.by_verdict(q, 4, verdict, 1.5).tokens == 8
 
 
 # --- the other policies ----------------------------------------------------------------
