@@ -36,6 +36,7 @@ from engines.base import (
     SamplingParams,
     TokenLogprob,
 )
+from engines.fanout import remaining
 from evaluator.answers import AnswerKind, extract, infer_kind
 from evaluator.calibration import Calibrator
 from evaluator.policy import LoopSettings, StopReason, Verdict, signal_settings, stop_reason, tally
@@ -286,11 +287,14 @@ class ReasoningLoop:
         )
         generation = await engine.generate(messages, params, deadline)
         sample = generation.samples[0]
-        if sample.finish_reason != "stop":
+        if sample.finish_reason not in ("stop", "length"):  # cut off by the deadline
             return generation, 0.0
         question = next((m.content for m in reversed(messages) if m.role == "user"), "")
         kind = infer_kind(question)
-        verdict = tally(kind, [sample], [extract(kind, sample.text)], calibrator=self.calibrator)
+        # A chat model may answer "Is ice cold?" in prose without a yes or a no; that
+        # is still its answer, read as free text.
+        answer = extract(kind, sample.text) or extract("text", sample.text)
+        verdict = tally(kind, [sample], [answer], calibrator=self.calibrator)
         return generation, verdict.probability if verdict.answer is not None else 0.0
 
     def _stop(
@@ -348,37 +352,51 @@ class ReasoningLoop:
         window = self._signals.group_window
         confidences: list[float] = []
         running = 0.0
+        pieces: list[str] = []
+        tokens: list[TokenLogprob] = []
         stream = self.engine.stream(messages, own, deadline)
-        async with contextlib.aclosing(stream) as events:
-            async for event in events:
-                if isinstance(event, Generation):
-                    sample = event.samples[0]
-                    return _Branch(
-                        text=sample.text,
-                        logprobs=sample.logprobs,
-                        tokens=sample.completion_tokens,
-                        finish_reason=sample.finish_reason,
-                        prompt_tokens=event.prompt_tokens,
-                    )
-                if cut is None:
-                    continue
-                for token in event.logprobs:
-                    value = token_confidence(token, self._signals.top_k)
-                    if value is None:
-                        continue
-                    confidences.append(value)
-                    running += value
-                    if len(confidences) > window:
-                        running -= confidences[-window - 1]
-                    # DeepConf online: stop a trace once a full window's mean drops
-                    # below the cut-off.
-                    if len(confidences) >= window and running / window < cut:
+        try:
+            # The engine stops at the deadline between two tokens; this bound holds
+            # even when one token takes long (a CPU shared with other work).
+            async with asyncio.timeout(remaining(deadline)), contextlib.aclosing(stream) as events:
+                async for event in events:
+                    if isinstance(event, Generation):
+                        sample = event.samples[0]
                         return _Branch(
-                            text="",
-                            logprobs=(),
-                            tokens=len(confidences),
-                            finish_reason="pruned",
+                            text=sample.text,
+                            logprobs=sample.logprobs,
+                            tokens=sample.completion_tokens,
+                            finish_reason=sample.finish_reason,
+                            prompt_tokens=event.prompt_tokens,
                         )
+                    pieces.append(event.text)
+                    tokens.extend(event.logprobs)
+                    if cut is None:
+                        continue
+                    for token in event.logprobs:
+                        value = token_confidence(token, self._signals.top_k)
+                        if value is None:
+                            continue
+                        confidences.append(value)
+                        running += value
+                        if len(confidences) > window:
+                            running -= confidences[-window - 1]
+                        # DeepConf online: stop a trace once a full window's mean
+                        # drops below the cut-off.
+                        if len(confidences) >= window and running / window < cut:
+                            return _Branch(
+                                text="".join(pieces),
+                                logprobs=tuple(tokens),
+                                tokens=len(tokens),
+                                finish_reason="pruned",
+                            )
+        except TimeoutError:
+            return _Branch(
+                text="".join(pieces),
+                logprobs=tuple(tokens),
+                tokens=len(tokens),
+                finish_reason="deadline",
+            )
         raise EngineError(self.engine.name, "the stream ended without a generation")
 
     def _branch_trace(self, kind: AnswerKind, branch: _Branch) -> BranchTrace:

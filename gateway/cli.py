@@ -8,6 +8,7 @@ import sys
 
 import msgspec
 
+from evaluator.calibration import CalibratorFileError, calibrator_file, read_calibrator
 from gateway.cache_commands import add_commands as add_cache_commands
 from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.evaluator_commands import add_commands as add_evaluator_commands
@@ -41,6 +42,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _config_check(args: argparse.Namespace) -> int:
     config: GatewayConfig = load_config(args.file)
+    if config.loop is not None and config.loop.calibrator is not None:
+        read_calibrator(calibrator_file(config.loop.calibrator))
     print(f"{args.file}: ok ({len(config.engines)} engines: {', '.join(config.engines)})")
     return 0
 
@@ -77,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"invalid config: {exc}", file=sys.stderr)
         return 2
-    except (OutcomeError, RouterFileError) as exc:
+    except (OutcomeError, RouterFileError, CalibratorFileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return code

@@ -87,7 +87,7 @@ class Usage(Struct, frozen=True):
     total_tokens: int
 
 
-class ChatCompletion(Struct, frozen=True, kw_only=True, omit_defaults=True):
+class ChatCompletion(Struct, frozen=True, kw_only=True):
     id: str
     object: Literal["chat.completion"] = "chat.completion"
     created: int
@@ -95,8 +95,12 @@ class ChatCompletion(Struct, frozen=True, kw_only=True, omit_defaults=True):
     choices: list[Choice]
     usage: Usage
     system_fingerprint: str | None = None
-    # The reasoning loop's decision trace, on answers it gave (clients ignore it).
-    satisfice: LoopTrace | None = None
+
+
+class ThoughtCompletion(ChatCompletion, frozen=True, kw_only=True):
+    """The reasoning loop's answer, with its decision trace (clients ignore the field)."""
+
+    satisfice: LoopTrace
 
 
 class ChunkDelta(Struct, frozen=True, omit_defaults=True):
@@ -113,14 +117,19 @@ class ChunkChoice(Struct, frozen=True):
     logprobs: ChoiceLogprobs | None = None
 
 
-class ChatCompletionChunk(Struct, frozen=True, kw_only=True, omit_defaults=True):
+class ChatCompletionChunk(Struct, frozen=True, kw_only=True):
     id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     created: int
     model: str
     choices: list[ChunkChoice]
     usage: Usage | None = None
-    satisfice: LoopTrace | None = None  # on the reasoning loop's last chunk
+
+
+class ThoughtChunk(ChatCompletionChunk, frozen=True, kw_only=True):
+    """The reasoning loop's last chunk, with its decision trace."""
+
+    satisfice: LoopTrace
 
 
 class Model(Struct, frozen=True):

@@ -22,12 +22,13 @@ from gateway.errors import APIError
 from gateway.openai_types import (
     SSE_DONE,
     AssistantMessage,
-    ChatCompletion,
     ChatCompletionChunk,
     Choice,
     ChunkChoice,
     ChunkDelta,
     ErrorResponse,
+    ThoughtChunk,
+    ThoughtCompletion,
     Usage,
     encode_sse,
 )
@@ -213,8 +214,8 @@ async def complete(think: Think, run: LoopRun) -> LoopResult:
     return result
 
 
-def completion(think: Think, result: LoopResult) -> ChatCompletion:
-    return ChatCompletion(
+def completion(think: Think, result: LoopResult) -> ThoughtCompletion:
+    return ThoughtCompletion(
         id=think.id,
         created=think.created,
         model=think.model,
@@ -228,11 +229,11 @@ async def stream(think: Think, run: LoopRun) -> AsyncIterator[bytes]:
     """The loop as server-sent events: its progress as ``delta.reasoning_content`` at
     once, the answer as ``delta.content``, and the decision trace on the last chunk."""
 
-    def chunk(choices: list[ChunkChoice], **extra: object) -> bytes:
+    def chunk(choices: list[ChunkChoice], usage: Usage | None = None) -> bytes:
         return encode_sse(
             ChatCompletionChunk(
                 id=think.id, created=think.created, model=think.model, choices=choices,
-                **extra,  # type: ignore[arg-type]
+                usage=usage,
             )
         )  # fmt: skip
 
@@ -255,9 +256,16 @@ async def stream(think: Think, run: LoopRun) -> AsyncIterator[bytes]:
             yield b"data: " + msgspec.json.encode(body) + b"\n\n"
             return
         yield chunk([ChunkChoice(0, ChunkDelta(content=result.text))])
-        yield chunk([ChunkChoice(0, ChunkDelta(), "stop")], satisfice=result.trace)
+        end = ThoughtChunk(
+            id=think.id,
+            created=think.created,
+            model=think.model,
+            choices=[ChunkChoice(0, ChunkDelta(), "stop")],
+            satisfice=result.trace,
+        )
+        yield encode_sse(end)
         if think.include_usage:
-            yield chunk([], usage=_usage(result))
+            yield chunk([], _usage(result))
         yield SSE_DONE
     except Superseded:
         error = APIError(409, "a newer turn of this conversation replaced this request",

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -48,6 +49,25 @@ def stop(process: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def start_gateway(config_text: str, directory: Path) -> tuple[str, subprocess.Popen[bytes]]:
+    """A real `satisfice serve` process on a free port with this config, once ready."""
+    config = directory / f"satisfice-{uuid.uuid4().hex[:6]}.yaml"
+    config.write_text(config_text)
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config),
+         "--port", str(port)],
+        cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_ready(f"{url}/readyz", process)
+    except BaseException:
+        stop(process)
+        raise
+    return url, process
 
 
 @pytest.fixture(scope="session")

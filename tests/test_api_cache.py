@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -16,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import ROOT, free_port, stop, wait_until_ready
+from tests.conftest import free_port, start_gateway, stop
 
 ADMIN_KEY = "test-admin-key"
 
@@ -37,24 +35,6 @@ cache:
     key_prefix: {prefix}
     retry_interval_s: 0.2
 """
-
-
-def start_gateway(config_text: str, directory: Path) -> tuple[str, subprocess.Popen[bytes]]:
-    config = directory / f"satisfice-{uuid.uuid4().hex[:6]}.yaml"
-    config.write_text(config_text)
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config),
-         "--port", str(port)],
-        cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_ready(f"{url}/readyz", process)
-    except BaseException:
-        stop(process)
-        raise
-    return url, process
 
 
 def drop_keys(prefix: str) -> None:
