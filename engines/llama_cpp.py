@@ -42,7 +42,7 @@ from engines.bundled import model_file
 from engines.fanout import FanOutEngine, SampleDone
 from engines.settings import LlamaCppSettings
 from engines.stops import StopMatcher
-from engines.templates import CompletionTemplate
+from engines.templates import CompletionTemplate, continues
 
 
 class TokenBytes:
@@ -277,11 +277,16 @@ class LlamaCppEngine(FanOutEngine):
         their own) and whether to strip the space a completion template leaves."""
         if isinstance(prompt, str):
             return prompt, True, False
+        # A conversation ending in an assistant turn continues it: the text goes on
+        # from its last character, spaces and all.
+        continuing = continues(prompt)
         if self._completion is not None:
-            return self._completion.render(prompt), True, True
+            return self._completion.render(prompt), True, not continuing
         if self._formatter is None:
             raise EngineError(self.name, "engine is not started")
-        return self._formatter(messages=_chat_dicts(prompt)).prompt, False, False  # type: ignore[arg-type]
+        earlier = prompt[:-1] if continuing else prompt
+        text = self._formatter(messages=_chat_dicts(earlier)).prompt  # type: ignore[arg-type]
+        return text + (prompt[-1].content if continuing else ""), False, False
 
     async def _sample(
         self,

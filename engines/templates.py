@@ -32,8 +32,11 @@ class CompletionTemplate(msgspec.Struct, frozen=True, forbid_unknown_fields=True
     stop: tuple[str, ...] = ("\nQuestion:", "\n\n")
 
     def render(self, messages: Sequence[Message]) -> str:
+        """The prompt text; a conversation that ends in an assistant turn continues
+        that turn (a prefill), so the model picks up where its text leaves off."""
         parts = [self.preamble]
-        for message in messages:
+        continuing = continues(messages)
+        for message in messages[:-1] if continuing else messages:
             fmt = {
                 "system": self.system,
                 "developer": self.system,
@@ -42,5 +45,14 @@ class CompletionTemplate(msgspec.Struct, frozen=True, forbid_unknown_fields=True
                 "assistant": self.assistant,
             }[message.role]
             parts.append(fmt.replace("{content}", message.content))
-        parts.append(self.generation_prefix)
+        if continuing:
+            opening = self.assistant.split("{content}", 1)[0]
+            parts.append(opening + messages[-1].content)
+        else:
+            parts.append(self.generation_prefix)
         return "".join(parts)
+
+
+def continues(messages: Sequence[Message]) -> bool:
+    """Whether a conversation asks to continue its last (assistant) turn."""
+    return bool(messages) and messages[-1].role == "assistant"

@@ -40,7 +40,16 @@ from engines.fanout import remaining
 from evaluator.answers import AnswerKind, extract, infer_kind
 from evaluator.calibration import Calibrator
 from evaluator.policy import LoopSettings, StopReason, Verdict, signal_settings, stop_reason, tally
-from evaluator.signals import token_confidence, trace_confidence
+from evaluator.signals import (
+    PROBE_MAX_TOKENS,
+    PROBE_STOP,
+    PROBE_SUFFIX,
+    Probe,
+    probes_agree,
+    read_probe,
+    token_confidence,
+    trace_confidence,
+)
 
 Fallback = Literal["best", "small", "error"]
 # Why the loop ended: a policy reason, or the engine refusing more work mid-loop.
@@ -68,9 +77,10 @@ class Thinking(msgspec.Struct, frozen=True):
 
 
 class BranchTrace(msgspec.Struct, frozen=True, kw_only=True):
-    answer: str | None
-    tokens: int
-    finish_reason: FinishReason | Literal["pruned"]
+    answer: str | None  # its vote, None if it had none
+    tokens: int  # over every round it ran, probes not included
+    finish_reason: FinishReason | Literal["pruned", "probed"]
+    probes: int = 0
     confidence: float | None  # its lowest group confidence, which the vote weighs
 
 
@@ -108,18 +118,30 @@ class LoopResult(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class _Branch(msgspec.Struct, kw_only=True):
-    """One sample as the loop keeps it: the Trace protocol for the signals."""
+    """One branch as the loop keeps it, over the rounds it has run."""
 
     text: str
     logprobs: tuple[TokenLogprob, ...]
     tokens: int
-    finish_reason: FinishReason | Literal["pruned"]
+    finish_reason: FinishReason | Literal["pruned", "probed"]
     prompt_tokens: int = 0
+    # Its probes, oldest first (only with LoopSettings.probes), and the text of the
+    # last one's answer.
+    probes: list[Probe] = msgspec.field(default_factory=list)
+    probe_text: str = ""
 
     @property
-    def votes(self) -> bool:
-        # A branch cut off by the deadline or pruned holds half an answer.
-        return self.finish_reason in ("stop", "length")
+    def reply(self) -> str:
+        """What the branch says: its text, or where it is still reasoning, its text
+        with the last probe's answer."""
+        return self.text + self.probe_text if self.probe_text else self.text
+
+
+class _Vote(msgspec.Struct, frozen=True):
+    """A branch as the vote reads it (evaluator.signals.Trace)."""
+
+    text: str
+    logprobs: tuple[TokenLogprob, ...]
 
 
 class ReasoningLoop:
@@ -171,7 +193,7 @@ class ReasoningLoop:
         rounds: list[RoundTrace] = []
         verdict: Verdict | None = None
         best: Verdict | None = None
-        spent = 0
+        spent = probe_spent = 0
         end: EndReason | None = None
         try:
             while True:
@@ -183,34 +205,41 @@ class ReasoningLoop:
                     end = "deadline"
                     break
                 round_started = time.monotonic()
+                going_on = [b for b in branches if self._open(b, max_tokens)]
                 try:
-                    fresh = await self._round(messages, k, deadline, max_tokens)
+                    ran = await self._round(messages, going_on, k, deadline, max_tokens)
                 except EngineOverloaded:
                     if verdict is None:
                         raise  # nothing to answer with: the client hears 429
                     end = "overloaded"
                     break
-                branches.extend(fresh)
-                spent += sum(b.tokens for b in fresh)
-                voting = [b for b in branches if b.votes]
-                answers = [extract(kind, b.text) for b in voting]
-                if voting:
+                round_tokens = sum(b.tokens for b in ran) - sum(b.tokens for b in going_on)
+                carried = {id(b) for b in going_on}
+                branches = [b for b in branches if id(b) not in carried] + ran
+                if settings.probes:
+                    probed = await self._probe_open(messages, kind, ran, deadline, max_tokens)
+                    round_tokens += probed
+                    probe_spent += probed
+                spent += round_tokens
+                votes, answers, probe_lists = self._votes(kind, branches, max_tokens)
+                if votes:
                     verdict = tally(
                         kind,
-                        voting,
+                        votes,
                         answers,
                         calibrator=self.calibrator,
                         prune_below=settings.prune_below,
+                        probes=probe_lists if settings.probes else None,
                     )
                     if best is None or verdict.probability >= best.probability:
                         best = verdict
                 rounds.append(
                     RoundTrace(
                         round=len(rounds) + 1,
-                        branches=[self._branch_trace(kind, b) for b in fresh],
+                        branches=[self._branch_trace(kind, b, max_tokens) for b in ran],
                         answer=None if verdict is None else verdict.answer,
                         probability=0.0 if verdict is None else verdict.probability,
-                        tokens=sum(b.tokens for b in fresh),
+                        tokens=round_tokens,
                         seconds=time.monotonic() - round_started,
                     )
                 )
@@ -237,11 +266,11 @@ class ReasoningLoop:
                 fallback=used,
                 confidence=confidence,
                 tokens=spent,
-                probe_tokens=0,
+                probe_tokens=probe_spent,
                 deadline_ms=None if deadline is None else (deadline - started) * 1000,
                 elapsed_ms=(time.monotonic() - started) * 1000,
             )
-            own = next((b.tokens for b in branches if b.text == text and b.votes), 0)
+            own = next((b.tokens for b in branches if b.reply == text), 0)
             return LoopResult(
                 text=text,
                 trace=trace,
@@ -324,10 +353,12 @@ class ReasoningLoop:
     async def _round(
         self,
         messages: Sequence[Message],
+        going_on: list[_Branch],
         k: int,
         deadline: float | None,
         max_tokens: int | None,
     ) -> list[_Branch]:
+        """Run the branches still reasoning a round further, and new ones up to k."""
         tokens = self.settings.round_tokens
         params = SamplingParams(
             max_tokens=tokens if max_tokens is None else min(tokens, max_tokens),
@@ -335,7 +366,11 @@ class ReasoningLoop:
             logprobs=True,
             top_logprobs=self._signals.top_k,
         )
-        tasks = [asyncio.create_task(self._branch(messages, params, deadline)) for _ in range(k)]
+        priors: list[_Branch | None] = [*going_on, *[None] * max(0, k - len(going_on))]
+        tasks = [
+            asyncio.create_task(self._branch(messages, params, deadline, prior, max_tokens))
+            for prior in priors
+        ]
         try:
             return list(await asyncio.gather(*tasks))
         finally:
@@ -343,18 +378,135 @@ class ReasoningLoop:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    def _open(self, branch: _Branch, max_tokens: int | None) -> bool:
+        """Whether a branch goes on in the next round: with probes on, one that the
+        round's budget cut off, unless the client's own limit did."""
+        return (
+            self.settings.probes
+            and branch.finish_reason == "length"
+            and (max_tokens is None or branch.tokens < max_tokens)
+        )
+
+    def _votes(
+        self, kind: AnswerKind, branches: list[_Branch], max_tokens: int | None
+    ) -> tuple[list[_Vote], list[str | None], list[list[Probe]]]:
+        """The branches that vote, their answers and their probes. A finished branch
+        votes its text's answer; one still reasoning its last probe's, if it has one;
+        one cut off by the deadline or pruned does not vote."""
+        votes: list[_Vote] = []
+        answers: list[str | None] = []
+        probes: list[list[Probe]] = []
+        for branch in branches:
+            if branch.finish_reason in ("deadline", "cancelled", "pruned"):
+                continue
+            if self._open(branch, max_tokens) or branch.finish_reason == "probed":
+                if not branch.probes:
+                    continue
+                answer = branch.probes[-1].answer
+            else:
+                answer = extract(kind, branch.text)
+            votes.append(_Vote(branch.reply, branch.logprobs))
+            answers.append(answer)
+            probes.append(branch.probes)
+        return votes, answers, probes
+
+    async def _probe_open(
+        self,
+        messages: Sequence[Message],
+        kind: AnswerKind,
+        branches: list[_Branch],
+        deadline: float | None,
+        max_tokens: int | None,
+    ) -> int:
+        """Ask every branch still reasoning for its answer so far (Dynasor-CoT's probe);
+        a branch whose last probes agree is done. The tokens the probes cost."""
+        going_on = [b for b in branches if self._open(b, max_tokens)]
+        tasks = [asyncio.create_task(self._probe(messages, kind, b, deadline)) for b in going_on]
+        try:
+            probes = await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        cost = 0
+        for branch, (probe, text) in zip(going_on, probes, strict=True):
+            if probe is None:
+                continue
+            branch.probes.append(probe)
+            branch.probe_text = text
+            cost += probe.tokens
+            if probes_agree(branch.probes, self._signals.probe_agreement):
+                branch.finish_reason = "probed"
+        return cost
+
+    async def _probe(
+        self,
+        messages: Sequence[Message],
+        kind: AnswerKind,
+        branch: _Branch,
+        deadline: float | None,
+    ) -> tuple[Probe | None, str]:
+        # The probe continues the branch's own text, so a server that caches prefixes
+        # reads only the suffix anew.
+        prompt = (*messages, Message("assistant", branch.text + PROBE_SUFFIX))
+        params = SamplingParams(max_tokens=PROBE_MAX_TOKENS, temperature=0.0, stop=PROBE_STOP)
+        generation = await self.engine.generate(prompt, params, deadline)
+        sample = generation.samples[0]
+        if sample.finish_reason in ("deadline", "cancelled"):
+            return None, ""
+        # What the probe read beyond the branch's own prompt and text: the suffix.
+        suffix = max(0, generation.prompt_tokens - branch.prompt_tokens - branch.tokens)
+        probe = read_probe(
+            kind,
+            sample.text,
+            prompt_tokens=suffix,
+            completion_tokens=sample.completion_tokens,
+            settings=self._signals,
+        )
+        return probe, PROBE_SUFFIX + sample.text
+
     async def _branch(
-        self, messages: Sequence[Message], params: SamplingParams, deadline: float | None
+        self,
+        messages: Sequence[Message],
+        params: SamplingParams,
+        deadline: float | None,
+        prior: _Branch | None,
+        max_tokens: int | None,
     ) -> _Branch:
+        """A new branch, or ``prior`` a round further (its text sent back as the start
+        of the assistant's turn, which the engine continues)."""
         # A seed of its own, so branches differ on backends that would reuse a default.
         own = msgspec.structs.replace(params, seed=random.randrange(2**31))
+        prompt: Sequence[Message] = messages
+        if prior is not None:
+            prompt = (*messages, Message("assistant", prior.text))
+            if max_tokens is not None:
+                own = msgspec.structs.replace(
+                    own, max_tokens=min(own.max_tokens, max_tokens - prior.tokens)
+                )
         cut = self.settings.prune_below
         window = self._signals.group_window
         confidences: list[float] = []
         running = 0.0
-        pieces: list[str] = []
-        tokens: list[TokenLogprob] = []
-        stream = self.engine.stream(messages, own, deadline)
+        pieces: list[str] = [] if prior is None else [prior.text]
+        tokens: list[TokenLogprob] = [] if prior is None else list(prior.logprobs)
+        for token in tokens if cut is not None else ():
+            value = token_confidence(token, self._signals.top_k)
+            if value is not None:
+                confidences.append(value)
+        running = sum(confidences[-window:])
+
+        def branch(finish: FinishReason | Literal["pruned"]) -> _Branch:
+            return _Branch(
+                text="".join(pieces),
+                logprobs=tuple(tokens),
+                tokens=len(tokens),
+                finish_reason=finish,
+                prompt_tokens=0 if prior is None else prior.prompt_tokens,
+                probes=[] if prior is None else prior.probes,
+            )
+
+        stream = self.engine.stream(prompt, own, deadline)
         try:
             # The engine stops at the deadline between two tokens; this bound holds
             # even when one token takes long (a CPU shared with other work).
@@ -362,13 +514,16 @@ class ReasoningLoop:
                 async for event in events:
                     if isinstance(event, Generation):
                         sample = event.samples[0]
-                        return _Branch(
-                            text=sample.text,
-                            logprobs=sample.logprobs,
-                            tokens=sample.completion_tokens,
-                            finish_reason=sample.finish_reason,
-                            prompt_tokens=event.prompt_tokens,
-                        )
+                        if prior is None:
+                            # The whole text and every token, as the engine counted them.
+                            return _Branch(
+                                text=sample.text,
+                                logprobs=sample.logprobs,
+                                tokens=sample.completion_tokens,
+                                finish_reason=sample.finish_reason,
+                                prompt_tokens=event.prompt_tokens,
+                            )
+                        return branch(sample.finish_reason)
                     pieces.append(event.text)
                     tokens.extend(event.logprobs)
                     if cut is None:
@@ -384,27 +539,21 @@ class ReasoningLoop:
                         # DeepConf online: stop a trace once a full window's mean
                         # drops below the cut-off.
                         if len(confidences) >= window and running / window < cut:
-                            return _Branch(
-                                text="".join(pieces),
-                                logprobs=tuple(tokens),
-                                tokens=len(tokens),
-                                finish_reason="pruned",
-                            )
+                            return branch("pruned")
         except TimeoutError:
-            return _Branch(
-                text="".join(pieces),
-                logprobs=tuple(tokens),
-                tokens=len(tokens),
-                finish_reason="deadline",
-            )
+            return branch("deadline")
         raise EngineError(self.engine.name, "the stream ended without a generation")
 
-    def _branch_trace(self, kind: AnswerKind, branch: _Branch) -> BranchTrace:
+    def _branch_trace(
+        self, kind: AnswerKind, branch: _Branch, max_tokens: int | None
+    ) -> BranchTrace:
         confidence = trace_confidence(branch.logprobs, self._signals).lowest_group
+        _, answers, _ = self._votes(kind, [branch], max_tokens)
         return BranchTrace(
-            answer=extract(kind, branch.text) if branch.votes else None,
+            answer=answers[0] if answers else None,
             tokens=branch.tokens,
             finish_reason=branch.finish_reason,
+            probes=len(branch.probes),
             confidence=None if confidence is None or not math.isfinite(confidence) else confidence,
         )
 

@@ -21,11 +21,13 @@ import msgspec
 from evaluator.answers import AnswerKind
 from evaluator.signals import (
     DEFAULT_SETTINGS,
+    Probe,
     Signals,
     SignalSettings,
     Trace,
     TraceConfidence,
     compute_signals,
+    probe_streak,
     trace_confidence,
 )
 
@@ -60,6 +62,13 @@ class LoopSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # (evaluator/data/default.calibrator); or a file from `satisfice evaluator fit`;
     # null: the raw vote share stands in for P(correct).
     calibrator: str | None = "bundled"
+    # For reasoning models: a branch that round_tokens cut off goes on in the next
+    # round (its text sent back as the start of the assistant's turn), and after each
+    # round it is asked for its answer so far -- a probe of at most 20 tokens, counted
+    # in the budget; it votes that answer, and stops once its last probe_agreement
+    # (the calibrator's signal settings) probes agree (Dynasor-CoT). Needs an engine
+    # that continues an assistant turn: llama_cpp, or openai_http with api: completions.
+    probes: bool = False
     # Easy questions answered by the small engine go to the loop after all when the
     # calibrator gives that answer less than this; None never escalates.
     escalate_below: Probability | None = None
@@ -95,6 +104,7 @@ def tally(
     prune_below: float | None = None,
     traces: Sequence[TraceConfidence] | None = None,
     settings: SignalSettings | None = None,
+    probes: Sequence[Sequence[Probe]] | None = None,
 ) -> Verdict:
     """The confidence-weighted vote of ``branches`` (DeepConf's weighted majority over
     the branches its filter keeps) and that answer's P(correct).
@@ -103,6 +113,8 @@ def tally(
     the caller has them already. A branch without logprobs weighs 1 and is never
     filtered; if the filter would leave nothing, every branch votes. Signals are
     computed with the calibrator's settings (``settings`` when there is none).
+    ``probes`` are each branch's probes, oldest first: the answer's probe streak is
+    the longest run of agreeing probes at the end of any branch that gives it.
     """
     if not branches:
         raise ValueError("a tally of no branches")
@@ -130,9 +142,18 @@ def tally(
     candidate = max(weights, key=weights.__getitem__) if weights else None
     kept = [branches[i] for i in keep]
     kept_answers = [answers[i] for i in keep]
+    streak = None
+    if probes is not None:
+        kept_probes = [probes[i] for i in keep]
+        streak = max(kept_probes, key=lambda p: probe_streak(p, candidate), default=[])
     signals = compute_signals(
-        kind, kept, candidate=candidate, answers=kept_answers, settings=settings
+        kind, kept, candidate=candidate, answers=kept_answers, probes=streak, settings=settings
     )
+    if probes is not None:
+        # Every probe of the round counts in its cost, not only the streak's own.
+        signals = msgspec.structs.replace(
+            signals, probe_tokens=sum(probe.tokens for branch in probes for probe in branch)
+        )
     probability = signals.vote_share
     if calibrator is not None:
         probability = calibrator.probability(signals)

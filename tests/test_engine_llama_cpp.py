@@ -48,6 +48,26 @@ async def test_base_model_answers_through_completion_template(
     assert sample.finish_reason == "stop"  # the template's stop cut off the next "Question:"
 
 
+async def _continues_its_own_text(engine: LlamaCppEngine) -> None:
+    params = SamplingParams(max_tokens=12, temperature=0)
+    whole = (await engine.generate(STORY, params)).text
+    words = whole.split(" ")
+    assert len(words) > 3
+    head = " ".join(words[:3])
+    rest = (await engine.generate((*STORY, Message("assistant", head)), params)).text
+    assert (head + rest).startswith(whole[: len(head) + 8])
+
+
+async def test_trailing_assistant_turn_is_continued(
+    small_engine: LlamaCppEngine, large_engine: LlamaCppEngine
+) -> None:
+    """A conversation ending in an assistant turn continues that text (a prefill),
+    through the chat template (small) and the completion template (large) alike:
+    greedy decoding of an answer in two pieces gives the text it gives in one."""
+    await _continues_its_own_text(small_engine)
+    await _continues_its_own_text(large_engine)
+
+
 async def test_max_tokens_ends_with_length(small_engine: LlamaCppEngine) -> None:
     generation = await small_engine.generate(STORY, SamplingParams(max_tokens=5, temperature=0))
     assert generation.samples[0].finish_reason == "length"

@@ -165,3 +165,28 @@ async def test_draft_scores_the_small_answer(
     assert generation.engine == small_engine.name and generation.text.strip()
     assert generation.samples[0].logprobs  # the draft asks for what the signals need
     assert 0.0 <= probability <= 1.0
+
+
+async def test_probes_follow_a_branch_across_rounds(large_engine: LlamaCppEngine) -> None:
+    """With probes on, a branch the round's budget cut off goes on next round from its
+    own text, and is asked for its answer after each round; probe tokens count."""
+    settings = LoopSettings(branches=3, max_rounds=3, round_tokens=4, probes=True)
+    loop = ReasoningLoop(large_engine, settings, doubtful())
+    question = [Message("user", "Write a long story about a dragon.")]
+    result = None
+    async for event in loop.run(question, deadline=None):
+        if isinstance(event, LoopResult):
+            result = event
+    assert result is not None
+    trace = result.trace
+    assert trace.probe_tokens > 0
+    assert trace.tokens == sum(r.tokens for r in trace.rounds)
+    first = trace.rounds[0].branches
+    cut = [b for b in first if b.finish_reason == "length"]
+    assert cut and all(b.tokens == 4 and b.probes == 1 for b in cut)
+    assert all(b.probes == 0 for b in first if b.finish_reason == "stop")
+    # Branches still reasoning in later rounds carry their tokens and probes along.
+    later = [b for r in trace.rounds[1:] for b in r.branches if b.probes > 1]
+    assert later and all(b.tokens > 4 * (b.probes - 1) for b in later)
+    # What they vote is their last probe's answer, and the reply says it.
+    assert result.text
