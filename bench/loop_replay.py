@@ -20,7 +20,10 @@ Policies, each a curve of (accuracy, mean completion tokens per question) points
 - each signal alone as the stop rule, rounds of ``branches``: stop when the loop's
   candidate's signal reaches a threshold, swept over quantiles of its values;
 - the loop's own rule (evaluator.policy.tally and stop_reason) with the calibrated
-  P(correct), swept over its threshold, without and with DeepConf's filter.
+  P(correct), swept over its threshold, without and with DeepConf's filter;
+- two proposals, each the loop's rule at its default threshold plus one more stop:
+  once the vote is settled (Adaptive-Consistency's Beta criterion on the tally's vote
+  counts), or once a round no longer raises P(correct).
 
 P(correct) is honest: each question's comes from a calibrator fitted, with
 evaluator.calibration.fit on training_set rows, on the other folds of questions only
@@ -63,6 +66,7 @@ from evaluator.calibration import (  # noqa: E402
     fit,
     measure,
     read_calibrator,
+    roc_auc,
     training_set,
 )
 from evaluator.policy import LoopSettings, Verdict, stop_reason, tally  # noqa: E402
@@ -88,6 +92,11 @@ DEFAULT_KS = (1, 2, 4, 8, 12, 16)
 LOOP_THRESHOLDS = (0.2, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
 BETA_THRESHOLDS = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 0.97, 0.99)
 ESC_WINDOWS = (2, 4, 8)
+# Adaptive-Consistency's P(the leader stays ahead) for the proposed "settled vote" stop.
+SETTLED_THRESHOLDS = (0.8, 0.9, 0.95, 0.99)
+# Rises in P(correct) from one round to the next below which the proposed "plateau"
+# stop gives up.
+PLATEAU_RISES = (0.0, 0.01, 0.02, 0.05)
 SIGNAL_QUANTILES = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 STOP_SIGNALS = (
     "vote_share",
@@ -338,12 +347,24 @@ def signal_alone(name: str, threshold: float, branches: int, rounds: int) -> Pol
     return policy
 
 
-def loop_rule(settings: LoopSettings, rounds: int) -> Policy:
-    """evaluator.policy's own decisions, round after round, as evaluator.loop takes them."""
+def loop_rule(
+    settings: LoopSettings,
+    rounds: int,
+    *,
+    stable: float | None = None,
+    plateau: float | None = None,
+) -> Policy:
+    """evaluator.policy's own decisions, round after round, as evaluator.loop takes them.
+
+    Two stops that policy.stop_reason does not have, proposals measured here: with
+    ``stable``, stop once the vote is settled, when Adaptive-Consistency's P(the leading
+    answer stays ahead) reaches it, however unlikely that answer is to be right; with
+    ``plateau``, stop when a round raised P(correct) by less than that."""
 
     def policy(q: Question) -> Outcome:
         cutoff = settings.prune_below
         best: Verdict | None = None
+        last: Verdict | None = None
         for r in range(1, rounds + 1):
             n = r * settings.branches
             spent = sum(b.tokens for b in q.cut[cutoff][:n])
@@ -357,7 +378,19 @@ def loop_rule(settings: LoopSettings, rounds: int) -> Policy:
                 next_round_tokens=settings.branches * spent / n,
                 settings=settings,
             )
-            if reason is not None:
+            settled = (
+                stable is not None
+                and verdict is not None
+                and verdict.signals.majority_probability >= stable
+            )
+            flat = (
+                plateau is not None
+                and verdict is not None
+                and last is not None
+                and verdict.probability - last.probability < plateau
+            )
+            last = verdict
+            if reason is not None or settled or flat:
                 final = verdict if verdict is not None and verdict.answer is not None else best
                 return by_verdict(q, n, final, cutoff)
         raise AssertionError("stop_reason stops at max_rounds")
@@ -519,6 +552,11 @@ def by_source(questions: Sequence[Question], samples: int) -> list[dict[str, Any
         n = len(runs)
         plain = float(np.mean([q.correct(majority(q.answers)) for q in group]))
         low, high = wilson(round(plain * n), n)
+        # Whether P(correct) tells right from wrong within a source, not only sources
+        # apart: the vote of all N branches, each question's held-out P.
+        verdicts = [q.whole_verdict(samples) for q in group]
+        right = [q.correct(v.answer) for q, v in zip(group, verdicts, strict=True)]
+        p = [v.probability for v in verdicts]
         table.append(
             {
                 "source": name,
@@ -527,9 +565,9 @@ def by_source(questions: Sequence[Question], samples: int) -> list[dict[str, Any
                 "per_sample": float(np.mean([[q.correct(a) for a in q.answers] for q in group])),
                 f"majority_at_{samples}": plain,
                 f"majority_at_{samples}_95ci": [low, high],
-                f"weighted_at_{samples}": float(
-                    np.mean([q.correct(q.whole_verdict(samples).answer) for q in group])
-                ),
+                f"weighted_at_{samples}": float(np.mean(right)),
+                f"mean_p_at_{samples}": float(np.mean(p)),
+                f"auroc_at_{samples}": roc_auc(p, right),
                 "chance": chance_level(list(runs.values())),
             }
         )
@@ -627,6 +665,47 @@ def replay(
                 for t in LOOP_THRESHOLDS
             ),
         )
+    default = LoopSettings()
+    add(
+        f"loop rule t={default.threshold} + settled vote (proposed)",
+        (
+            (
+                f"AC>={b}",
+                b,
+                loop_rule(
+                    LoopSettings(
+                        threshold=default.threshold,
+                        branches=branches,
+                        max_rounds=rounds,
+                        token_budget=NO_BUDGET,
+                    ),
+                    rounds,
+                    stable=b,
+                ),
+            )
+            for b in SETTLED_THRESHOLDS
+        ),
+    )
+    add(
+        f"loop rule t={default.threshold} + P plateau (proposed)",
+        (
+            (
+                f"rise<{d}",
+                d,
+                loop_rule(
+                    LoopSettings(
+                        threshold=default.threshold,
+                        branches=branches,
+                        max_rounds=rounds,
+                        token_budget=NO_BUDGET,
+                    ),
+                    rounds,
+                    plateau=d,
+                ),
+            )
+            for d in PLATEAU_RISES
+        ),
+    )
     pruned = {
         label: float(np.mean([b.stopped for q in questions for b in q.cut[cutoff]]))
         for label, cutoff in cutoffs.items()
@@ -685,8 +764,9 @@ def render(report: dict[str, Any]) -> str:
         f"reference, fixed k={report['samples']} majority: accuracy {_pct(ref['accuracy'])}, "
         f"{ref['mean_tokens']:.1f} tokens per question",
         "",
-        "| source | kind | n | per sample | majority@N (95% CI) | weighted@N | chance |",
-        "|---|---|---|---|---|---|---|",
+        "| source | kind | n | per sample | majority@N (95% CI) | weighted@N | chance "
+        "| mean P@N | AUROC@N |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     samples = report["samples"]
     for s in report["sources"]:
@@ -694,7 +774,8 @@ def render(report: dict[str, Any]) -> str:
         lines.append(
             f"| {s['source']} | {s['kind']} | {s['questions']} | {_pct(s['per_sample'])} | "
             f"{_pct(s[f'majority_at_{samples}'])} ({_pct(low)} to {_pct(high)}) | "
-            f"{_pct(s[f'weighted_at_{samples}'])} | {_pct(s['chance'])} |"
+            f"{_pct(s[f'weighted_at_{samples}'])} | {_pct(s['chance'])} | "
+            f"{_pct(s[f'mean_p_at_{samples}'])} | {_num(s[f'auroc_at_{samples}'])} |"
         )
     lines += [
         "",
@@ -738,13 +819,23 @@ def plot(report: dict[str, Any], path: str | Path) -> None:
 
     curves = {c["name"]: c for c in report["curves"]}
     ref = report["reference"]
-    figure, (left, right) = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
+    # One standard error of the reference accuracy over the bank's questions: how far
+    # apart two policies must be before the bank can tell them apart.
+    error = 100 * math.sqrt(ref["accuracy"] * (1 - ref["accuracy"]) / report["runs"])
+    figure, (left, right) = plt.subplots(1, 2, figsize=(13, 6.5), sharey=True)
     panels = (
         (left, [n for n in curves if not n.endswith(" alone")], "policies"),
         (right, ["fixed-k majority", *(n for n in curves if n.endswith(" alone"))],
          "each signal alone as the stop rule"),
     )  # fmt: skip
     for axes, names, title in panels:
+        axes.axhspan(
+            100 * ref["accuracy"] - error,
+            100 * ref["accuracy"] + error,
+            color="red",
+            alpha=0.07,
+            label="±1 standard error",
+        )
         for name in names:
             points = sorted(curves[name]["points"], key=lambda p: p["mean_tokens"])
             reference = name == "fixed-k majority"
@@ -767,7 +858,7 @@ def plot(report: dict[str, Any], path: str | Path) -> None:
         axes.set_xlabel("mean completion tokens per question")
         axes.set_title(title)
         axes.grid(alpha=0.3)
-        axes.legend(fontsize=7, loc="lower right")
+        axes.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
     left.set_ylabel("accuracy (%)")
     figure.suptitle(
         f"Stopping policies replayed over the trace bank ({report['runs']} questions, "

@@ -314,3 +314,35 @@ def test_main_runs_end_to_end_on_a_tiny_bank(
             assert 0.0 <= p["answer_change"] <= 1.0
     assert png.stat().st_size > 10_000
     assert "fixed-k majority" in capsys.readouterr().out
+
+
+def test_the_proposed_settled_vote_stop_ends_a_unanimous_round_however_unlikely() -> None:
+    q = question(number_run(["5"] * 8))  # unanimous and wrong
+    q.calibrator = Calibrator(  # P = sigmoid(-5) whatever the signals
+        features=list(DEFAULT_FEATURES),
+        signals=DEFAULT_SETTINGS,
+        mean=[0.0] * len(DEFAULT_FEATURES),
+        scale=[1.0] * len(DEFAULT_FEATURES),
+        weights=[0.0] * len(DEFAULT_FEATURES),
+        bias=-5.0,
+    )
+    settings = LoopSettings(threshold=0.9, max_rounds=2, token_budget=replay.NO_BUDGET)
+    assert replay.loop_rule(settings, 2)(q).branches == 8
+    # Four votes to none: P(the leader stays ahead) = 1 - 2^-5 = 0.97.
+    assert replay.loop_rule(settings, 2, stable=0.95)(q).branches == 4
+    assert replay.loop_rule(settings, 2, stable=0.99)(q).branches == 8
+
+
+def test_the_proposed_plateau_stop_ends_when_a_round_does_not_raise_p() -> None:
+    q = question(number_run(["7", "5"] * 8))
+    q.calibrator = vote_share_calibrator()  # P = 0.5 after every round
+    settings = LoopSettings(threshold=0.9, max_rounds=4, token_budget=replay.NO_BUDGET)
+    assert replay.loop_rule(settings, 4)(q).branches == 16
+    # Round 2 leaves P where round 1 had it: stop there, not after round 1.
+    assert replay.loop_rule(settings, 4, plateau=0.01)(q).branches == 8
+    # A rising P goes on while each round raises it enough: vote shares 2/4, 5/8,
+    # 8/12, 11/16 give P = 0.5, 0.78, 0.84, 0.87.
+    rising = question(number_run(["7", "7", "5", "5"] + ["7", "7", "7", "5"] * 3))
+    rising.calibrator = vote_share_calibrator()
+    assert replay.loop_rule(settings, 4, plateau=0.05)(rising).branches == 16
+    assert replay.loop_rule(settings, 4, plateau=0.1)(rising).branches == 12
