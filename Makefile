@@ -49,7 +49,7 @@ default-router: $(STAMP)
 # The calibrator shipped for the bundled large model: Gemma-3-270M answers 500 public
 # questions 16 times each (temperature 0.7, top-5 token logprobs) into the trace bank,
 # and the calibrator learns P(correct) of the loop's vote after 1, 2 and each round's
-# cumulative branch count. About 20 minutes, most of it the bank.
+# cumulative branch count. About 35 minutes on 2 cores, nearly all of it the bank.
 default-calibrator: $(STAMP)
 	mkdir -p $(OUT)
 	$(BIN)/python bench/convert_datasets.py --data $(DATA) --per-source 100 --sources arc_easy,boolq,simple_arithmetic,triviaqa,multiarith --out $(OUT)/bank_questions.jsonl
