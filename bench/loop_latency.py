@@ -271,7 +271,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     row["fallback_policy"] = fallback
                     report["runs"].append(row)
                     print(json.dumps(row), flush=True)
-                if fallback == args.fallbacks[0]:
+                if fallback == args.fallbacks[0] and args.switch_trials:
                     report["switching"] = await _switching(url, args.switch_trials)
                     print(json.dumps(report["switching"]), flush=True)
             finally:

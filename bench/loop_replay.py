@@ -222,6 +222,14 @@ class Question:
             return 0.0 if signals.answer is None else signals.vote_share
 
 
+def _readable(signals: Signals) -> bool:
+    try:
+        signals.features(DEFAULT_FEATURES)
+    except MissingSignal:
+        return False
+    return True
+
+
 def branch_orders(run: Run, samples: int, orders: int, seed: int) -> list[Run]:
     """The run's first ``samples`` samples in ``orders`` seeded random orders, or as
     stored when ``orders`` is 0.
@@ -494,11 +502,7 @@ def cross_fit(
     settings = questions[0].settings
     data = training_set([q.run for q in questions], ks, settings)
     # A row whose k branches all came back empty has no token signals to fit on.
-    usable = [
-        i
-        for i, signals in enumerate(data.signals)
-        if all(getattr(signals, name) is not None for name in DEFAULT_FEATURES)
-    ]
+    usable = [i for i, signals in enumerate(data.signals) if _readable(signals)]
     rows = np.array([data.signals[i].features(DEFAULT_FEATURES) for i in usable])
     labels = np.array([data.labels[i] for i in usable], dtype=np.float64)
     groups = np.array([questions[data.groups[i]].index for i in usable])

@@ -192,13 +192,14 @@ class ReasoningLoop:
         branches: list[_Branch] = []
         rounds: list[RoundTrace] = []
         verdict: Verdict | None = None
+        previous: Verdict | None = None  # the verdict a round before
         best: Verdict | None = None
         spent = probe_spent = 0
         end: EndReason | None = None
         try:
             while True:
                 if rounds:
-                    end = self._stop(verdict, rounds, branches, spent, k, deadline)
+                    end = self._stop(verdict, previous, rounds, branches, spent, k, deadline)
                     if end is not None:
                         break
                 elif deadline is not None and time.monotonic() >= deadline:
@@ -222,6 +223,7 @@ class ReasoningLoop:
                     probe_spent += probed
                 spent += round_tokens
                 votes, answers, probe_lists = self._votes(kind, branches, max_tokens)
+                previous = verdict
                 if votes:
                     verdict = tally(
                         kind,
@@ -329,6 +331,7 @@ class ReasoningLoop:
     def _stop(
         self,
         verdict: Verdict | None,
+        previous: Verdict | None,
         rounds: list[RoundTrace],
         branches: list[_Branch],
         spent: int,
@@ -348,6 +351,7 @@ class ReasoningLoop:
             settings=self.settings,
             time_left_s=None if deadline is None else deadline - time.monotonic(),
             next_round_s=next_s,
+            previous=previous,
         )
 
     async def _round(
@@ -592,7 +596,10 @@ class ReasoningLoop:
                 hedge.cancel()
             return None
         sample = generation.samples[0]
-        return generation if sample.finish_reason == "stop" and sample.text.strip() else None
+        # An answer the token limit cut short is still an answer; one the deadline cut
+        # off mid-sentence is not.
+        whole = sample.finish_reason in ("stop", "length")
+        return generation if whole and sample.text.strip() else None
 
 
 _KIND_WORDS: dict[AnswerKind, str] = {

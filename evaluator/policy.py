@@ -21,6 +21,7 @@ import msgspec
 from evaluator.answers import AnswerKind
 from evaluator.signals import (
     DEFAULT_SETTINGS,
+    MissingSignal,
     Probe,
     Signals,
     SignalSettings,
@@ -53,6 +54,9 @@ class LoopSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     round_tokens: Positive = 64
     # Most tokens a request may spend over all rounds, probes included.
     token_budget: Positive = 1024
+    # Stop when a round raised P(correct) by less than this: more of the same samples
+    # are not changing the evaluator's mind. None: only the rules above stop.
+    min_gain: Probability | None = None
     temperature: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] = 0.7
     # DeepConf's filter: a branch whose lowest group confidence falls below this is
     # stopped (mid-generation once it has a full window) and left out of the vote.
@@ -155,8 +159,16 @@ def tally(
             signals, probe_tokens=sum(probe.tokens for branch in probes for probe in branch)
         )
     probability = signals.vote_share
-    if calibrator is not None:
-        probability = calibrator.probability(signals)
+    if candidate is None:
+        # Nothing to be right about (every branch came back without an answer).
+        probability = 0.0
+    elif calibrator is not None:
+        try:
+            probability = calibrator.probability(signals)
+        except MissingSignal:
+            # The engine gave no logprobs (or no alternatives) this time: the vote
+            # share is all the evidence there is.
+            probability = signals.vote_share
     behind = [i for i in keep if answers[i] == candidate] or keep
     best = max(behind, key=rank_of.__getitem__)
     return Verdict(
@@ -169,7 +181,7 @@ def tally(
     )
 
 
-StopReason = Literal["confident", "max_rounds", "token_budget", "deadline"]
+StopReason = Literal["confident", "max_rounds", "token_budget", "no_gain", "deadline"]
 
 
 def stop_reason(
@@ -181,13 +193,14 @@ def stop_reason(
     settings: LoopSettings,
     time_left_s: float | None = None,
     next_round_s: float | None = None,
+    previous: Verdict | None = None,
 ) -> StopReason | None:
     """Why the loop stops after ``rounds`` rounds that spent ``tokens``, or None to go on;
     ``verdict`` is None while no branch has answered.
 
     ``next_round_tokens`` and ``next_round_s`` are what another round is expected to
     cost, from what the rounds so far measured: a round that the budget or the clock
-    cannot afford is not started.
+    cannot afford is not started. ``previous`` is the verdict a round earlier.
     """
     if (
         verdict is not None
@@ -197,6 +210,11 @@ def stop_reason(
         return "confident"
     if rounds >= settings.max_rounds:
         return "max_rounds"
+    gain = None
+    if verdict is not None and previous is not None:
+        gain = verdict.probability - previous.probability
+    if settings.min_gain is not None and gain is not None and gain < settings.min_gain:
+        return "no_gain"
     if tokens + next_round_tokens > settings.token_budget:
         return "token_budget"
     if time_left_s is not None and (

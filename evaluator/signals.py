@@ -308,6 +308,11 @@ FeatureName = Literal[
     "lowest_group_confidence",
     "bottom_group_confidence",
     "tail_confidence",
+    # What the question asks for (free text is the baseline): how often a tiny model
+    # is right differs far more between kinds than any signal within one.
+    "kind_choice",
+    "kind_yesno",
+    "kind_number",
     "probe_streak",
 ]
 FEATURES: tuple[FeatureName, ...] = get_args(FeatureName)
@@ -324,6 +329,7 @@ class Signals(msgspec.Struct, frozen=True, kw_only=True):
     (logprobs, alternatives, probes) were not there to compute it."""
 
     answer: str | None
+    kind: AnswerKind
     samples: int  # k
     votes: int  # samples that gave ``answer``
     runner_up: int  # samples that gave the most frequent other answer
@@ -345,6 +351,9 @@ class Signals(msgspec.Struct, frozen=True, kw_only=True):
         for name in names:
             if name not in FEATURES:
                 raise MissingSignal(f"unknown signal {name!r}; known: {', '.join(FEATURES)}")
+            if name.startswith("kind_"):
+                row.append(float(self.kind == name.removeprefix("kind_")))
+                continue
             value = getattr(self, name)
             if value is None:
                 raise MissingSignal(f"signal {name!r} is missing: {_WHY_MISSING[name]}")
@@ -391,6 +400,7 @@ def compute_signals(
     traces = [trace_confidence(s.logprobs, settings) for s in (behind or samples) if s.logprobs]
     return Signals(
         answer=candidate,
+        kind=kind,
         samples=len(samples),
         votes=own,
         runner_up=other,

@@ -46,7 +46,7 @@ def evaluator_bank(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         temperature=args.temperature,
         n=args.samples,
-        seed=args.seed,  # sample i of every question is drawn with seed + i
+        seed=args.seed,
         logprobs=True,
         top_logprobs=args.top_logprobs,
     )
@@ -59,7 +59,10 @@ def evaluator_bank(args: argparse.Namespace) -> int:
         started, tokens = time.perf_counter(), 0
         try:
             for number, question in enumerate(questions, start=1):
-                generation = await engine.generate((Message("user", question.prompt),), params)
+                # Seeds of their own per question: with one seed list for all, sample i
+                # would draw the same random numbers in every question.
+                own = msgspec.structs.replace(params, seed=args.seed + (number - 1) * args.samples)
+                generation = await engine.generate((Message("user", question.prompt),), own)
                 tokens += generation.completion_tokens
                 out.write(encoder.encode(_run(question, number, generation)) + b"\n")
                 out.flush()

@@ -274,7 +274,10 @@ def test_compute_signals_by_hand() -> None:
     assert found.lowest_group_confidence == pytest.approx(3.0)
     assert found.tail_confidence == pytest.approx(3.0)
     assert found.probe_streak == 2 and found.probe_tokens == 6
-    assert found.features() == pytest.approx([0.5, 11 / 16, -0.3, 3.0, 3.0, 3.0, 3.0, 2.0])
+    # ... then the kind (a number: 0, 0, 1), then the probe streak.
+    assert found.features() == pytest.approx(
+        [0.5, 11 / 16, -0.3, 3.0, 3.0, 3.0, 3.0, 0.0, 0.0, 1.0, 2.0]
+    )
     assert found.features(["tail_confidence", "vote_share"]) == pytest.approx([3.0, 0.5])
 
 

@@ -78,7 +78,7 @@ async def test_deadline_fallbacks(
     loop = ReasoningLoop(large_engine, settings, doubtful(), small=small_engine)
     fallback = FallbackSettings(policy=policy, hedge=True)  # type: ignore[arg-type]
     started = time.monotonic()
-    deadline = started + 1.5
+    deadline = started + 2.5
     _, result = await run(loop, deadline=deadline, fallback=fallback)
     finished = time.monotonic()
     trace = result.trace

@@ -73,6 +73,27 @@ def test_calibrator_gives_the_probability() -> None:
     assert verdict.probability == pytest.approx(1 / (1 + pow(2.718281828459045, -1.0)))
 
 
+def test_no_answer_means_no_confidence_and_missing_logprobs_fall_back() -> None:
+    calibrator = Calibrator(
+        features=["vote_share", "mean_confidence"],
+        signals=ONE,
+        mean=[0.0, 0.0],
+        scale=[1.0, 1.0],
+        weights=[0.0, 0.0],
+        bias=5.0,  # P = 0.99 for anything it can read
+    )
+    empty = tally("number", [branch(""), branch("")], [None, None], calibrator=calibrator)
+    assert empty.answer is None and empty.probability == 0.0
+    # Branches without logprobs: the calibrator cannot read them; the vote share stands in.
+    bare = tally("number", [branch("4"), branch("5")], ["4", "5"], calibrator=calibrator)
+    assert bare.answer == "4" and bare.probability == 0.5
+
+
+def test_kind_is_a_feature() -> None:
+    verdict = tally("yesno", [branch("yes", 1.0)], ["yes"], settings=ONE)
+    assert verdict.signals.features(["kind_choice", "kind_yesno", "kind_number"]) == [0, 1, 0]
+
+
 def _verdict(probability: float, answer: str | None = "x") -> Verdict:
     verdict = tally("text", [branch("x")], ["x"], settings=ONE)
     return Verdict(
@@ -85,7 +106,9 @@ def _verdict(probability: float, answer: str | None = "x") -> Verdict:
     )
 
 
-SETTINGS = LoopSettings(threshold=0.8, max_rounds=3, token_budget=100, calibrator=None)
+SETTINGS = LoopSettings(
+    threshold=0.8, max_rounds=3, token_budget=100, calibrator=None, min_gain=0.05
+)
 
 
 @pytest.mark.parametrize(
@@ -119,6 +142,24 @@ def test_stop_reason(
         settings=SETTINGS,
         time_left_s=left_s,
         next_round_s=next_s,
+    )
+    assert got == expected
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "expected"),
+    [(0.3, 0.32, "no_gain"), (0.3, 0.4, None), (0.5, 0.4, "no_gain")],
+)
+def test_a_round_that_changes_nothing_ends_the_loop(
+    before: float, after: float, expected: str | None
+) -> None:
+    got = stop_reason(
+        _verdict(after),
+        rounds=2,
+        tokens=10,
+        next_round_tokens=10,
+        settings=SETTINGS,
+        previous=_verdict(before),
     )
     assert got == expected
 
