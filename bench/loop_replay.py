@@ -94,9 +94,9 @@ BETA_THRESHOLDS = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 0.97, 0.99)
 ESC_WINDOWS = (2, 4, 8)
 # Adaptive-Consistency's P(the leader stays ahead) for the proposed "settled vote" stop.
 SETTLED_THRESHOLDS = (0.8, 0.9, 0.95, 0.99)
-# Rises in P(correct) from one round to the next below which the proposed "plateau"
-# stop gives up.
-PLATEAU_RISES = (0.0, 0.01, 0.02, 0.05)
+# LoopSettings.min_gain: rises in P(correct) from one round to the next below which
+# the loop stops.
+MIN_GAINS = (0.0, 0.01, 0.02, 0.05)
 SIGNAL_QUANTILES = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 STOP_SIGNALS = (
     "vote_share",
@@ -360,14 +360,12 @@ def loop_rule(
     rounds: int,
     *,
     stable: float | None = None,
-    plateau: float | None = None,
 ) -> Policy:
     """evaluator.policy's own decisions, round after round, as evaluator.loop takes them.
 
-    Two stops that policy.stop_reason does not have, proposals measured here: with
+    One stop that policy.stop_reason does not have, a proposal measured here: with
     ``stable``, stop once the vote is settled, when Adaptive-Consistency's P(the leading
-    answer stays ahead) reaches it, however unlikely that answer is to be right; with
-    ``plateau``, stop when a round raised P(correct) by less than that."""
+    answer stays ahead) reaches it, however unlikely that answer is to be right."""
 
     def policy(q: Question) -> Outcome:
         cutoff = settings.prune_below
@@ -385,20 +383,15 @@ def loop_rule(
                 tokens=spent,
                 next_round_tokens=settings.branches * spent / n,
                 settings=settings,
+                previous=last,
             )
             settled = (
                 stable is not None
                 and verdict is not None
                 and verdict.signals.majority_probability >= stable
             )
-            flat = (
-                plateau is not None
-                and verdict is not None
-                and last is not None
-                and verdict.probability - last.probability < plateau
-            )
             last = verdict
-            if reason is not None or settled or flat:
+            if reason is not None or settled:
                 final = verdict if verdict is not None and verdict.answer is not None else best
                 return by_verdict(q, n, final, cutoff)
         raise AssertionError("stop_reason stops at max_rounds")
@@ -691,10 +684,10 @@ def replay(
         ),
     )
     add(
-        f"loop rule t={default.threshold} + P plateau (proposed)",
+        f"loop rule t={default.threshold} + min_gain",
         (
             (
-                f"rise<{d}",
+                f"min_gain={d}",
                 d,
                 loop_rule(
                     LoopSettings(
@@ -702,12 +695,12 @@ def replay(
                         branches=branches,
                         max_rounds=rounds,
                         token_budget=NO_BUDGET,
+                        min_gain=d,
                     ),
                     rounds,
-                    plateau=d,
                 ),
             )
-            for d in PLATEAU_RISES
+            for d in MIN_GAINS
         ),
     )
     pruned = {

@@ -333,16 +333,20 @@ def test_the_proposed_settled_vote_stop_ends_a_unanimous_round_however_unlikely(
     assert replay.loop_rule(settings, 2, stable=0.99)(q).branches == 8
 
 
-def test_the_proposed_plateau_stop_ends_when_a_round_does_not_raise_p() -> None:
+def test_min_gain_ends_the_loop_when_a_round_does_not_raise_p() -> None:
     q = question(number_run(["7", "5"] * 8))
     q.calibrator = vote_share_calibrator()  # P = 0.5 after every round
     settings = LoopSettings(threshold=0.9, max_rounds=4, token_budget=replay.NO_BUDGET)
+
+    def gaining(least: float) -> LoopSettings:
+        return msgspec.structs.replace(settings, min_gain=least)
+
     assert replay.loop_rule(settings, 4)(q).branches == 16
     # Round 2 leaves P where round 1 had it: stop there, not after round 1.
-    assert replay.loop_rule(settings, 4, plateau=0.01)(q).branches == 8
+    assert replay.loop_rule(gaining(0.01), 4)(q).branches == 8
     # A rising P goes on while each round raises it enough: vote shares 2/4, 5/8,
     # 8/12, 11/16 give P = 0.5, 0.78, 0.84, 0.87.
     rising = question(number_run(["7", "7", "5", "5"] + ["7", "7", "7", "5"] * 3))
     rising.calibrator = vote_share_calibrator()
-    assert replay.loop_rule(settings, 4, plateau=0.05)(rising).branches == 16
-    assert replay.loop_rule(settings, 4, plateau=0.1)(rising).branches == 12
+    assert replay.loop_rule(gaining(0.05), 4)(rising).branches == 16
+    assert replay.loop_rule(gaining(0.1), 4)(rising).branches == 12
