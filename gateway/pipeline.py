@@ -164,7 +164,7 @@ async def handle(
         plan = cache_plan(request, checked, cache.settings, runtime.embedding_model, control)
     embedded = Embedded(runtime, last_user_turn(checked.messages))
 
-    status: Literal["miss", "bypass", "off"] = "off" if cache is None else "bypass"
+    status: CacheStatus = "off" if cache is None else "bypass"
     if cache is not None and plan is not None and plan.lookup:
         served = await _from_cache(cache, plan, embedded, checked.params.max_tokens)
         if served is not None:

@@ -16,7 +16,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 
 import msgspec
 
-from engines.base import Message
+from engines.base import EngineError, Message
 from evaluator.loop import FallbackSettings, LoopResult, LoopTrace, ReasoningLoop, Thinking
 from gateway.errors import APIError
 from gateway.openai_types import (
@@ -271,6 +271,9 @@ async def stream(think: Think, run: LoopRun) -> AsyncIterator[bytes]:
         error = APIError(409, "a newer turn of this conversation replaced this request",
                          code="superseded")  # fmt: skip
         yield b"data: " + msgspec.json.encode(ErrorResponse(error.body)) + b"\n\n"
+    except EngineError as exc:  # the response has started: the error goes in the stream
+        body = ErrorResponse(APIError.from_engine(exc).body)
+        yield b"data: " + msgspec.json.encode(body) + b"\n\n"
     finally:
         # The client left, or the stream is done: nothing may go on thinking for it.
         await run.stop()

@@ -1,0 +1,184 @@
+"""The reasoning loop live on a subset of the trace bank's questions, against what the
+replay over the bank predicts for the same questions.
+
+The live run is evaluator.loop.ReasoningLoop itself on the bundled large model, with
+the default config's loop settings and calibrator, no deadline, fresh random samples;
+the prediction is bench/loop_replay.py's loop rule with the same settings and
+calibrator over the bank's 16 samples of each question (in several random orders).
+They should agree within sampling noise: accuracy (95% Wilson intervals), completion
+tokens and rounds per question, and the stop reasons.
+
+    .venv/bin/python bench/loop_live.py --runs bench/out/bank.jsonl --per-source 20 \\
+        [--json bench/out/loop_live.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from engines import create_engine  # noqa: E402
+from engines.base import Message  # noqa: E402
+from evaluator.answers import is_correct  # noqa: E402
+from evaluator.calibration import Calibrator, calibrator_file, read_calibrator  # noqa: E402
+from evaluator.loop import LoopResult, ReasoningLoop  # noqa: E402
+from evaluator.policy import LoopSettings  # noqa: E402
+from evaluator.runs import Run, read_runs  # noqa: E402
+from gateway.config import load_config  # noqa: E402
+
+
+def _load_replay() -> Any:
+    """bench/loop_replay.py, by its path: bench/ is not a package, and on sys.path its
+    engines.py would hide the engines package."""
+    spec = importlib.util.spec_from_file_location("loop_replay", ROOT / "bench" / "loop_replay.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["loop_replay"] = module  # msgspec resolves its Structs' types through it
+    spec.loader.exec_module(module)
+    return module
+
+
+replay = _load_replay()
+
+
+def subset(runs: list[Run], per_source: int) -> list[Run]:
+    """The first ``per_source`` runs of each source, in bank order."""
+    taken: Counter[str] = Counter()
+    chosen = []
+    for run in runs:
+        if taken[run.source] < per_source:
+            taken[run.source] += 1
+            chosen.append(run)
+    return chosen
+
+
+async def live(
+    runs: list[Run], settings: LoopSettings, calibrator: Calibrator, models_dir: Path
+) -> list[dict[str, Any]]:
+    config = load_config()
+    engine = create_engine("large", config.engines["large"], models_dir)
+    await engine.start()
+    loop = ReasoningLoop(engine, settings, calibrator)
+    rows = []
+    try:
+        for number, run in enumerate(runs, start=1):
+            result = None
+            async for event in loop.run([Message("user", run.prompt)], deadline=None):
+                if isinstance(event, LoopResult):
+                    result = event
+            assert result is not None
+            trace = result.trace
+            rows.append(
+                {
+                    "id": run.id,
+                    "source": run.source,
+                    "correct": is_correct(run.question, result.text),
+                    "tokens": trace.tokens,
+                    "rounds": len(trace.rounds),
+                    "stop": trace.stop,
+                    "confidence": trace.confidence,
+                }
+            )
+            if number % 10 == 0:
+                print(f"{number}/{len(runs)}", file=sys.stderr, flush=True)
+    finally:
+        await engine.close()
+    return rows
+
+
+def predicted(
+    runs: list[Run], settings: LoopSettings, calibrator: Calibrator, orders: int
+) -> list[dict[str, Any]]:
+    samples = min(len(r.samples) for r in runs)
+    rounds = min(settings.max_rounds, samples // settings.branches)
+    # The bank holds 16 samples a question: rounds beyond them cannot be replayed.
+    replayed = msgspec.structs.replace(settings, max_rounds=rounds)
+    rule = replay.loop_rule(replayed, rounds)
+    rows = []
+    for index, run in enumerate(runs):
+        for shuffled in replay.branch_orders(run, samples, orders, index):
+            q = replay.Question(index, shuffled, calibrator.signals, [])
+            q.calibrator = calibrator
+            outcome = rule(q)
+            rows.append(
+                {
+                    "source": run.source,
+                    "correct": outcome.correct,
+                    "tokens": outcome.tokens,
+                    "rounds": outcome.branches // settings.branches,
+                    "confidence": outcome.probability,
+                }
+            )
+    return rows
+
+
+def summary(rows: list[dict[str, Any]], questions: int) -> dict[str, Any]:
+    right = sum(r["correct"] for r in rows)
+    # Replayed orders repeat each question: the interval is over questions.
+    share = right / len(rows)
+    low, high = replay.wilson(round(share * questions), questions)
+    return {
+        "accuracy": share,
+        "accuracy_95ci": [low, high],
+        "mean_tokens": statistics.mean(r["tokens"] for r in rows),
+        "mean_rounds": statistics.mean(r["rounds"] for r in rows),
+        "mean_confidence": statistics.mean(r["confidence"] for r in rows),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", default=str(ROOT / "bench/out/bank.jsonl"))
+    parser.add_argument("--per-source", type=int, default=20)
+    parser.add_argument("--orders", type=int, default=replay.DEFAULT_ORDERS)
+    parser.add_argument("--json")
+    args = parser.parse_args(argv)
+
+    config = load_config()
+    assert config.loop is not None, "the default config has a loop"
+    settings = config.loop
+    calibrator = read_calibrator(calibrator_file(settings.calibrator or "bundled"))
+    runs = subset(read_runs(args.runs).runs, args.per_source)
+    started = time.perf_counter()
+    models_dir = Path(config.models_dir).expanduser()
+    live_rows = asyncio.run(live(runs, settings, calibrator, models_dir))
+    seconds = time.perf_counter() - started
+    report: dict[str, Any] = {
+        "questions": len(runs),
+        "settings": msgspec.to_builtins(settings),
+        "live": {
+            **summary(live_rows, len(runs)),
+            "seconds": seconds,
+            "stops": dict(Counter(r["stop"] for r in live_rows)),
+        },
+        "replay": summary(predicted(runs, settings, calibrator, args.orders), len(runs)),
+    }
+    for name in ("live", "replay"):
+        row = report[name]
+        low, high = row["accuracy_95ci"]
+        print(
+            f"{name:6} accuracy {row['accuracy']:.1%} (95% CI {low:.1%}-{high:.1%}), "
+            f"{row['mean_tokens']:.1f} tokens, {row['mean_rounds']:.2f} rounds, "
+            f"mean P {row['mean_confidence']:.3f} per question"
+        )
+    print(f"live stops: {report['live']['stops']}, {seconds:.0f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
