@@ -74,6 +74,7 @@ from evaluator.runs import Run, RunSample, read_runs  # noqa: E402
 from evaluator.signals import (  # noqa: E402
     DEFAULT_FEATURES,
     DEFAULT_SETTINGS,
+    LowConfidenceWatch,
     MissingSignal,
     Signals,
     SignalSettings,
@@ -81,7 +82,6 @@ from evaluator.signals import (  # noqa: E402
     beta_stop,
     compute_signals,
     majority,
-    token_confidence,
     trace_confidence,
 )
 
@@ -265,18 +265,9 @@ def stop_point(sample: RunSample, cutoff: float, settings: SignalSettings) -> in
     whose window of ``group_window`` token confidences (once full) averages below
     ``cutoff``; None when it never does. Tokens without alternatives have no confidence
     and do not fill the window."""
-    window = settings.group_window
-    recent: list[float] = []
-    total = 0.0
+    watch = LowConfidenceWatch(cutoff, settings)
     for position, token in enumerate(sample.logprobs):
-        confidence = token_confidence(token, settings.top_k)
-        if confidence is None:
-            continue
-        recent.append(confidence)
-        total += confidence
-        if len(recent) > window:
-            total -= recent[-window - 1]
-        if len(recent) >= window and total / window < cutoff:
+        if watch.feed(token):
             return position + 1
     return None
 

@@ -44,10 +44,10 @@ from evaluator.signals import (
     PROBE_MAX_TOKENS,
     PROBE_STOP,
     PROBE_SUFFIX,
+    LowConfidenceWatch,
     Probe,
     probes_agree,
     read_probe,
-    token_confidence,
     trace_confidence,
 )
 
@@ -489,16 +489,12 @@ class ReasoningLoop:
                     own, max_tokens=min(own.max_tokens, max_tokens - prior.tokens)
                 )
         cut = self.settings.prune_below
-        window = self._signals.group_window
-        confidences: list[float] = []
-        running = 0.0
+        watch = None if cut is None else LowConfidenceWatch(cut, self._signals)
         pieces: list[str] = [] if prior is None else [prior.text]
         tokens: list[TokenLogprob] = [] if prior is None else list(prior.logprobs)
-        for token in tokens if cut is not None else ():
-            value = token_confidence(token, self._signals.top_k)
-            if value is not None:
-                confidences.append(value)
-        running = sum(confidences[-window:])
+        if watch is not None:
+            for token in tokens:  # the window goes on where the last round left it
+                watch.feed(token)
 
         def branch(finish: FinishReason | Literal["pruned"]) -> _Branch:
             return _Branch(
@@ -530,20 +526,8 @@ class ReasoningLoop:
                         return branch(sample.finish_reason)
                     pieces.append(event.text)
                     tokens.extend(event.logprobs)
-                    if cut is None:
-                        continue
-                    for token in event.logprobs:
-                        value = token_confidence(token, self._signals.top_k)
-                        if value is None:
-                            continue
-                        confidences.append(value)
-                        running += value
-                        if len(confidences) > window:
-                            running -= confidences[-window - 1]
-                        # DeepConf online: stop a trace once a full window's mean
-                        # drops below the cut-off.
-                        if len(confidences) >= window and running / window < cut:
-                            return branch("pruned")
+                    if watch is not None and any(watch.feed(t) for t in event.logprobs):
+                        return branch("pruned")  # DeepConf online
         except TimeoutError:
             return branch("deadline")
         raise EngineError(self.engine.name, "the stream ended without a generation")

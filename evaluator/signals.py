@@ -172,6 +172,31 @@ def group_confidences(confidences: Sequence[float], window: int) -> list[float]:
     return means
 
 
+class LowConfidenceWatch:
+    """DeepConf's online filter for one trace: fed its tokens in order, it says when
+    the mean token confidence over the last full window falls below the cut-off (the
+    trace is then stopped). Tokens without alternatives have no confidence and do not
+    fill the window."""
+
+    def __init__(self, cutoff: float, settings: SignalSettings = DEFAULT_SETTINGS) -> None:
+        self._cutoff = cutoff
+        self._top_k = settings.top_k
+        self._window = settings.group_window
+        self._recent: list[float] = []
+        self._total = 0.0
+
+    def feed(self, token: Token) -> bool:
+        confidence = token_confidence(token, self._top_k)
+        if confidence is None:
+            return False
+        recent = self._recent
+        recent.append(confidence)
+        self._total += confidence
+        if len(recent) > self._window:
+            self._total -= recent[-self._window - 1]
+        return len(recent) >= self._window and self._total / self._window < self._cutoff
+
+
 class TraceConfidence(msgspec.Struct, frozen=True, kw_only=True):
     """DeepConf's trace-level measures for one sample; None where the logprobs lack them."""
 

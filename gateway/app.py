@@ -211,6 +211,7 @@ async def _thought(
         watcher.cancel()
         await run.stop()
     headers.update(thinking.trace_headers(result.trace))
+    headers["x-satisfice-engine"] = result.engine  # the small one, if it answered
     if result.trace.fallback == "error":
         refusal = thinking.deadline_error(result.trace).response()
         refusal.headers.update(headers)
