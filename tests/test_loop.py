@@ -86,7 +86,7 @@ async def test_deadline_fallbacks(
     assert trace.fallback == policy
     # The loop never overstays: a round it cannot finish is not started, and a round
     # cut by the deadline stops within a token.
-    assert finished - deadline < 0.25
+    assert finished - deadline < 0.4
     if policy == "error":
         assert result.text == ""
     elif policy == "small":
