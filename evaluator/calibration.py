@@ -28,6 +28,7 @@ from evaluator.runs import Run
 from evaluator.signals import (
     DEFAULT_SETTINGS,
     FEATURES,
+    MissingSignal,
     Signals,
     SignalSettings,
     trace_confidence,
@@ -315,6 +316,24 @@ class TrainingSet(msgspec.Struct, frozen=True, kw_only=True):
 
     def rows(self, features: Sequence[str]) -> FloatArray:
         return np.array([s.features(features) for s in self.signals], dtype=np.float64)
+
+    def readable(self, features: Sequence[str]) -> TrainingSet:
+        """The rows that have every one of ``features``: a row whose samples all came
+        back empty (no text, no logprobs) has no token signals to fit on."""
+        keep = []
+        for i, signals in enumerate(self.signals):
+            try:
+                signals.features(features)
+            except MissingSignal:
+                continue
+            keep.append(i)
+        return TrainingSet(
+            signals=[self.signals[i] for i in keep],
+            labels=[self.labels[i] for i in keep],
+            groups=[self.groups[i] for i in keep],
+            ks=[self.ks[i] for i in keep],
+            short=self.short,
+        )
 
 
 def training_set(

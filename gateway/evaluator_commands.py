@@ -127,10 +127,18 @@ def _fit(args: argparse.Namespace) -> int:
     if not data.signals:
         raise ValueError(f"no run has {min(args.k)} samples")
     features = list(args.features)
-    try:
-        rows = data.rows(features)
-    except MissingSignal as exc:
-        raise MissingSignal(f"{exc}; choose other signals with --features") from None
+    readable = data.readable(features)
+    if len(readable.signals) < len(data.signals):
+        left_out = len(data.signals) - len(readable.signals)
+        print(f"left out {left_out} rows whose samples lack a signal of {features}",
+              file=sys.stderr)  # fmt: skip
+    if not readable.signals:
+        try:
+            data.rows(features)
+        except MissingSignal as exc:
+            raise MissingSignal(f"{exc}; choose other signals with --features") from None
+    data = readable
+    rows = data.rows(features)
     labels = np.array(data.labels, dtype=np.float64)
     options: dict[str, Any] = {"signals": settings, "isotonic_min": args.isotonic_min}
     held_out = cross_validate(
