@@ -370,3 +370,20 @@ def test_evaluator_fit_command_without_logprobs(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "held_out:" in done.stdout
     assert read_calibrator(out).features == ["vote_share", "majority_probability"]
+
+
+def test_evaluator_fit_leaves_out_rows_without_signals(tmp_path: Path) -> None:
+    runs = tmp_path / "runs.jsonl"
+    out = tmp_path / "evaluator.calibrator"
+    write_synthetic_runs(runs, 60)
+    # Two more runs whose samples all came back empty: no text, no logprobs.
+    empty = {"kind": "number", "answers": ["18"], "samples": [{"text": ""}] * 6}
+    with runs.open("a") as file:
+        for i in range(2):
+            file.write(json.dumps({"id": f"empty{i}", **empty}) + "\n")
+    done = satisfice(
+        "evaluator", "fit", "--runs", str(runs), "--out", str(out), "--k", "3", "--json"
+    )
+    assert done.returncode == 0, done.stderr
+    assert "left out 2 rows" in done.stderr
+    assert json.loads(done.stdout)["rows"] == 60
