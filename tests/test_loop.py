@@ -115,7 +115,7 @@ async def test_pruning_stops_low_confidence_branches(large_engine: LlamaCppEngin
         weights=[0.0],
         bias=0.0,
     )
-    settings = LoopSettings(branches=2, max_rounds=1, prune_below=1e9, round_tokens=32)
+    settings = LoopSettings(branches=4, max_rounds=1, prune_below=1e9, round_tokens=32)
     loop = ReasoningLoop(large_engine, settings, calibrator)
     question = [Message("user", "Write a long story about a dragon.")]
     result = None
@@ -124,8 +124,13 @@ async def test_pruning_stops_low_confidence_branches(large_engine: LlamaCppEngin
             result = event
     assert result is not None
     branches = result.trace.rounds[0].branches
-    assert [b.finish_reason for b in branches] == ["pruned", "pruned"]
-    assert all(b.tokens == 2 for b in branches)
+    # A branch can only end sooner by finishing its answer within the first token.
+    for b in branches:
+        assert (b.finish_reason, b.tokens) == ("pruned", 2) or (
+            b.finish_reason == "stop" and b.tokens < 2
+        ), b
+    assert any(b.finish_reason == "pruned" for b in branches)
+    assert all(b.answer is None for b in branches if b.finish_reason == "pruned")
 
 
 async def test_closing_the_loop_stops_generation(large_engine: LlamaCppEngine) -> None:
