@@ -36,8 +36,9 @@ the loop, the answer is the last round's, or the most probable round's when the 
 has none.
 
 Samples are replayed in several seeded random orders per question (``--orders``),
-averaged: the bank draws sample i of every question with the same seed, so its own
-order would carry the same random numbers at each position in every question.
+averaged, so that which of a question's draws come first is averaged out rather than
+fixed by the order the bank stored them in (banks written before `satisfice evaluator
+bank` seeded each question on its own also share seeds by position across questions).
 
 The bank has no answer probes (its answers are a few tokens, with no reasoning to
 probe), so no probe tokens are counted anywhere.
@@ -234,11 +235,10 @@ def branch_orders(run: Run, samples: int, orders: int, seed: int) -> list[Run]:
     """The run's first ``samples`` samples in ``orders`` seeded random orders, or as
     stored when ``orders`` is 0.
 
-    `satisfice evaluator bank` draws sample i of every question with the same seed, so
-    position i carries the same random numbers in every question: position 0 is nearly
-    greedy, position 1 nearly always a poor token. Replaying positions in stored order
-    would measure those seeds, not a policy; in random orders each position is a fair
-    draw, and several orders average out which draws come first.
+    In random orders each position is a fair draw, and several orders average out
+    which draws come first. (Banks from before `satisfice evaluator bank` seeded each
+    question on its own drew sample i of every question with the same seed; replayed
+    in stored order they would measure those seeds, not a policy.)
     """
     kept = run.samples[:samples]
     if orders == 0:
