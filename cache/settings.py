@@ -16,10 +16,12 @@ class MemoryStoreSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=Tru
                           tag_field="kind", tag="memory"):  # fmt: skip
     """In-process entries: the embedded default. One process only, nothing shared."""
 
+    # Entries kept; beyond them the oldest written is evicted first.
     max_entries: Annotated[int, msgspec.Meta(ge=1)] = 100_000
     # Written on shutdown (and every ``snapshot_interval_s``) and read at start, so a
     # restart keeps the cache. None: the cache starts empty each time.
     snapshot: str | None = None
+    # How often the snapshot is written while serving; null: on shutdown only.
     snapshot_interval_s: Seconds | None = 300.0
 
 
@@ -39,6 +41,8 @@ class RedisStoreSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True
     retry_interval_s: Seconds = 1.0
     # Changes kept in the sync stream; a replica further behind than this rebuilds.
     stream_max_len: Annotated[int, msgspec.Meta(ge=100)] = 100_000
+    # Pooled connections requests may hold at once (the sync stream and scans have
+    # their own).
     max_connections: Annotated[int, msgspec.Meta(ge=1)] = 64
 
 
@@ -56,20 +60,26 @@ class IndexSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
 
 
 class CacheSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    # Serve the answer stored for the same prompt (same namespace), without embedding it.
     exact: bool = True
+    # Serve the answer stored for a similar prompt, if the threshold and guards allow.
     semantic: bool = True
     # Cosine similarity a cached prompt needs to be served for a new one.
     similarity_threshold: Unit = 0.92
     # Answers below this confidence are not stored.
     write_confidence: Unit = 0.0
+    # How long a stored answer may be served; null: until it is evicted.
     ttl_s: Seconds | None = 86_400.0
     # Candidates above the threshold that the guards may examine, nearest first.
     candidates: Annotated[int, msgspec.Meta(ge=1)] = 5
+    # Checks that veto a similar prompt whose answer would differ.
     guards: GuardSettings = GuardSettings()
     # Requests that ask for temperature > 0 want varied answers and bypass the cache;
     # true serves and stores them too, in a namespace per temperature.
     cache_sampled: bool = False
     # Concurrent identical misses wait for one engine call instead of each making one.
     coalesce: bool = True
+    # Where the entries live: memory (one process) or redis (shared by replicas).
     store: StoreSettings = MemoryStoreSettings()
+    # Each process's vector index over the cached prompts.
     index: IndexSettings = IndexSettings()

@@ -15,6 +15,7 @@ Seconds = Annotated[float, msgspec.Meta(gt=0)]
 class _Common(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     # Samples generated at once, and samples allowed to wait for one of those slots.
     concurrency: Positive = 1
+    # Samples that may wait for a slot; one more is refused with 429 and Retry-After.
     queue_size: Annotated[int, msgspec.Meta(ge=0)] = 16
     # Upper bound on one request's time in this engine, whatever the caller's deadline.
     timeout_s: Seconds | None = 120.0
@@ -29,7 +30,10 @@ class LlamaCppSettings(_Common, tag="llama_cpp", tag_field="backend", kw_only=Tr
     model: str
     # "chat" uses the chat template inside the GGUF; a base model needs a completion template.
     template: Literal["chat"] | CompletionTemplate = "chat"
+    # The model's context window in tokens; a prompt that fills it is refused with 400
+    # (context_length_exceeded).
     context_tokens: Positive = 2048
+    # CPU threads of each model instance, for the prompt and for generation.
     threads: Positive = 2
 
 
@@ -38,14 +42,20 @@ class OpenAIHTTPSettings(
 ):
     """An OpenAI-compatible server: trtllm-serve, vLLM, SGLang, llama.cpp server."""
 
+    # The server's OpenAI API root, /v1 included (e.g. http://trtllm:8000/v1).
     base_url: str
+    # The model name the server serves, sent with each request.
     model: str
     # The server's API: "chat" (/chat/completions) or "completions" for base models.
     api: Literal["chat", "completions"] = "chat"
+    # How api: completions turns a conversation into a prompt; null there: the default
+    # few-shot template.
     template: CompletionTemplate | None = None
+    # Sent as a Bearer token; null: no Authorization header.
     api_key: str | None = None
     concurrency: Positive = 8
     queue_size: Annotated[int, msgspec.Meta(ge=0)] = 64
+    # Longest wait for a connection to the server.
     connect_timeout_s: Seconds = 5.0
     # Longest silence between two bytes of an answer before the server counts as stuck.
     read_timeout_s: Seconds = 60.0

@@ -24,11 +24,17 @@ class CompletionTemplate(msgspec.Struct, frozen=True, forbid_unknown_fields=True
     model continues from there until a ``stop`` sequence.
     """
 
+    # Text before the conversation: the few-shot examples.
     preamble: str = DEFAULT_PREAMBLE
+    # Format of a system (or developer) turn.
     system: str = "{content}\n\n"
+    # Format of a user (or tool) turn.
     user: str = "Question: {content}\n"
+    # Format of an assistant turn; a conversation that ends in one continues it.
     assistant: str = "Answer: {content}\n\n"
+    # The end of the prompt, which the model's answer continues.
     generation_prefix: str = "Answer:"
+    # Sequences that end the answer (left out of it), besides the request's own.
     stop: tuple[str, ...] = ("\nQuestion:", "\n\n")
 
     def render(self, messages: Sequence[Message]) -> str:

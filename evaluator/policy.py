@@ -47,8 +47,11 @@ class LoopSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # Branches generated concurrently per round; ``hard_branches`` from
     # ``hard_difficulty`` up (the router's score), where one round rarely settles it.
     branches: Positive = 4
+    # Branches per round from hard_difficulty up; null: always `branches`.
     hard_branches: Positive | None = None
+    # The router's difficulty score from which hard_branches apply.
     hard_difficulty: Probability = 0.9
+    # Most rounds the loop runs before it answers with what it has.
     max_rounds: Positive = 4
     # Most tokens one branch may generate in one round.
     round_tokens: Positive = 64
@@ -57,6 +60,7 @@ class LoopSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # Stop when a round raised P(correct) by less than this: more of the same samples
     # are not changing the evaluator's mind. None: only the rules above stop.
     min_gain: Probability | None = None
+    # Sampling temperature of the branches: they vote, so they must differ.
     temperature: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] = 0.7
     # DeepConf's filter: a branch whose lowest group confidence falls below this is
     # stopped (mid-generation once it has a full window) and left out of the vote.

@@ -30,14 +30,19 @@ Positive = Annotated[int, msgspec.Meta(ge=1)]
 
 
 class ServerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    # Address the HTTP API listens on; `satisfice serve --host` overrides it.
     host: str = "127.0.0.1"
+    # Port the HTTP API listens on; `satisfice serve --port` overrides it.
     port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8000
     # Request limits: anything larger is refused with a 4xx before any work is done.
     max_body_bytes: Positive = 1_048_576
+    # Most messages in one request's conversation.
     max_messages: Positive = 256
+    # Most samples (`n`) one request may ask for.
     max_n: Positive = 8
     # max_tokens a client may ask for, and what it gets when it asks for nothing.
     max_tokens_cap: Positive = 1024
+    # The max_tokens of a request that sets neither max_tokens nor max_completion_tokens.
     default_max_tokens: Positive = 256
     # The key that opens /admin/*; when unset, the environment's SATISFICE_ADMIN_KEY,
     # and with neither the admin endpoints stay closed.
@@ -50,7 +55,10 @@ Milliseconds = Annotated[int, msgspec.Meta(ge=1)]
 class TenantSLA(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """One tenant's own deadlines and fallback; what it leaves out comes from ``sla``."""
 
+    # Per tier (engine name), this tenant's deadline; a tier not listed keeps
+    # sla.deadline_ms.
     deadline_ms: dict[str, Milliseconds] = {}
+    # This tenant's fallback; null: sla.fallback.
     fallback: FallbackSettings | None = None
 
 
@@ -62,7 +70,10 @@ class SLASettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     # Per tier (engine name), milliseconds from the request's arrival; a tier not
     # listed has no deadline beyond its engine's timeout_s.
     deadline_ms: dict[str, Milliseconds] = {}
+    # What answers at the deadline, for every tenant without a fallback of its own.
     fallback: FallbackSettings = FallbackSettings()
+    # Per tenant name: deadlines and a fallback that replace the ones above. Requests
+    # do not name a tenant yet: every one is tenant "default".
     tenants: dict[str, TenantSLA] = {}
 
     def deadline_for(self, tenant: str, tier: str) -> int | None:
@@ -77,6 +88,7 @@ class SLASettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
 
 
 class GatewayConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    # Where the HTTP API listens, and the limits on each request.
     server: ServerSettings = ServerSettings()
     # Where weights assembled from packages are kept between starts (~ is expanded).
     models_dir: str = "~/.cache/satisfice/models"
@@ -91,6 +103,7 @@ class GatewayConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     # Hard questions routed to the large engine think in rounds until confident
     # (needs the router); without it, they get one pass like any other.
     loop: LoopSettings | None = None
+    # Deadlines by tier and tenant, and what answers when one runs out.
     sla: SLASettings = SLASettings()
 
     def __post_init__(self) -> None:

@@ -37,6 +37,7 @@ class EmbedderSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, 
     model: str = BUNDLED_EMBEDDER
     # The most prompts encoded in one call; more wait for the next batch.
     max_batch: Annotated[int, msgspec.Meta(ge=1)] = 64
+    # CPU threads the embedding model may use (torch's intra-op threads).
     threads: Annotated[int, msgspec.Meta(ge=1)] = 1
 
 

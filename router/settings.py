@@ -17,6 +17,7 @@ class RouterSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     threshold: Annotated[float, msgspec.Meta(ge=0.0)] | None = None
     # Engines that serve each tier; both must be configured under `engines`.
     small_engine: str = "small"
+    # The large tier's engine: hard questions, and the loop when there is one.
     large_engine: str = "large"
     # Labelled examples shown with a decision on /v1/route.
     explain_neighbours: Annotated[int, msgspec.Meta(ge=0, le=50)] = 5
