@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 import msgspec
 
 from evaluator.calibration import CalibratorFileError, calibrator_file, read_calibrator
 from gateway.cache_commands import add_commands as add_cache_commands
 from gateway.config import ConfigError, GatewayConfig, load_config
+from gateway.config_docs import render_reference
 from gateway.evaluator_commands import add_commands as add_evaluator_commands
 from gateway.router_commands import add_commands as add_router_commands
 from router.model_file import RouterFileError
@@ -48,6 +50,19 @@ def _config_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config_docs(args: argparse.Namespace) -> int:
+    text = render_reference()
+    if args.out is None:
+        # UTF-8 whatever the locale says: the reference writes bounds as ≥ and ≤.
+        sys.stdout.flush()
+        sys.stdout.buffer.write(text.encode("utf-8"))
+        sys.stdout.buffer.flush()
+        return 0
+    Path(args.out).write_text(text, encoding="utf-8")
+    print(f"wrote {args.out}")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="satisfice",
@@ -66,6 +81,11 @@ def _parser() -> argparse.ArgumentParser:
     check = config_commands.add_parser("check", help="validate a config file without serving")
     check.add_argument("file")
     check.set_defaults(run=_config_check)
+    docs = config_commands.add_parser(
+        "docs", help="print the config reference (docs/configuration.md) generated from the code"
+    )
+    docs.add_argument("--out", help="write it to this file instead of printing it")
+    docs.set_defaults(run=_config_docs)
 
     add_router_commands(commands)
     add_cache_commands(commands)
