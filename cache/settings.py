@@ -19,7 +19,7 @@ class MemoryStoreSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=Tru
     # Entries kept; beyond them the oldest written is evicted first.
     max_entries: Annotated[int, msgspec.Meta(ge=1)] = 100_000
     # Written on shutdown (and every ``snapshot_interval_s``) and read at start, so a
-    # restart keeps the cache. None: the cache starts empty each time.
+    # restart keeps the cache. null: the cache starts empty each time.
     snapshot: str | None = None
     # How often the snapshot is written while serving; null: on shutdown only.
     snapshot_interval_s: Seconds | None = 300.0

@@ -58,13 +58,13 @@ class LoopSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # Most tokens a request may spend over all rounds, probes included.
     token_budget: Positive = 1024
     # Stop when a round raised P(correct) by less than this: more of the same samples
-    # are not changing the evaluator's mind. None: only the rules above stop.
+    # are not changing the evaluator's mind. null: only the rules above stop.
     min_gain: Probability | None = None
     # Sampling temperature of the branches: they vote, so they must differ.
     temperature: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] = 0.7
     # DeepConf's filter: a branch whose lowest group confidence falls below this is
     # stopped (mid-generation once it has a full window) and left out of the vote.
-    # None keeps every branch.
+    # null keeps every branch.
     prune_below: float | None = None
     # "bundled": the calibrator fitted for the bundled large model
     # (evaluator/data/default.calibrator); or a file from `satisfice evaluator fit`;
@@ -78,7 +78,7 @@ class LoopSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # that continues an assistant turn: llama_cpp, or openai_http with api: completions.
     probes: bool = False
     # Easy questions answered by the small engine go to the loop after all when the
-    # calibrator gives that answer less than this; None never escalates.
+    # calibrator gives that answer less than this; null never escalates.
     escalate_below: Probability | None = None
 
     def branches_for(self, difficulty: float | None) -> int:
