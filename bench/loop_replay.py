@@ -99,15 +99,9 @@ SETTLED_THRESHOLDS = (0.8, 0.9, 0.95, 0.99)
 # the loop stops.
 MIN_GAINS = (0.0, 0.01, 0.02, 0.05)
 SIGNAL_QUANTILES = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
-STOP_SIGNALS = (
-    "vote_share",
-    "majority_probability",
-    "mean_logprob",
-    "mean_confidence",
-    "lowest_group_confidence",
-    "bottom_group_confidence",
-    "tail_confidence",
-)
+# Each signal that a branch's samples give, as a stop rule alone: not the question's
+# kind (fixed before any sample) nor probes (the bank has none).
+STOP_SIGNALS = tuple(f for f in DEFAULT_FEATURES if not f.startswith("kind_"))
 # DeepConf's filter is tried at these percentiles of every sample's lowest group
 # confidence in the bank.
 PRUNE_PERCENTILES = (10, 25)
