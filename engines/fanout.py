@@ -16,7 +16,15 @@ from collections.abc import AsyncGenerator
 import msgspec
 
 from engines.admission import Admission
-from engines.base import Delta, Generation, Prompt, Sample, SamplingParams, Timings
+from engines.base import (
+    Delta,
+    EngineOverloaded,
+    Generation,
+    Prompt,
+    Sample,
+    SamplingParams,
+    Timings,
+)
 
 
 def remaining(deadline: float | None) -> float | None:
@@ -41,13 +49,31 @@ def _expired(index: int, waited_s: float) -> SampleDone:
     return SampleDone(sample, prompt_tokens=0)
 
 
+class EngineCounters(msgspec.Struct, kw_only=True):
+    """Running totals since start, for metrics."""
+
+    # Of every sample that finished (a sample cancelled mid-way is not counted); the
+    # prompt once per sample, as the backend processes it once per sample.
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    # Calls refused with EngineOverloaded: this engine's queue was full, or the
+    # server behind it said so.
+    overloads: int = 0
+
+
 class FanOutEngine(ABC):
     """Base for backends that generate one sample at a time."""
 
     name: str
     model: str
     timeout_s: float | None
+    counters: EngineCounters
     _admission: Admission
+
+    @property
+    def waiting(self) -> int:
+        """Samples waiting for a generation slot now."""
+        return self._admission.waiting
 
     @abstractmethod
     def _sample(
@@ -115,9 +141,13 @@ class FanOutEngine(ABC):
             while len(done) < params.n:
                 item = await merged.get()
                 if isinstance(item, Exception):
+                    if isinstance(item, EngineOverloaded):
+                        self.counters.overloads += 1
                     raise item
                 if isinstance(item, SampleDone):
                     done.append(item)
+                    self.counters.prompt_tokens += item.prompt_tokens
+                    self.counters.completion_tokens += item.sample.completion_tokens
                 else:
                     yield item
         finally:

@@ -39,7 +39,7 @@ from engines.base import (
     TopLogprob,
 )
 from engines.bundled import model_file
-from engines.fanout import FanOutEngine, SampleDone
+from engines.fanout import EngineCounters, FanOutEngine, SampleDone
 from engines.settings import LlamaCppSettings
 from engines.stops import StopMatcher
 from engines.templates import CompletionTemplate, continues
@@ -220,6 +220,7 @@ class LlamaCppEngine(FanOutEngine):
         self._admission = Admission(
             name, settings.concurrency, settings.queue_size, settings.retry_after_s
         )
+        self.counters = EngineCounters()
         self._executor = ThreadPoolExecutor(
             settings.concurrency, thread_name_prefix=name, initializer=_yield_to_event_loop
         )

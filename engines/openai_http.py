@@ -33,7 +33,7 @@ from engines.base import (
     TokenLogprob,
     TopLogprob,
 )
-from engines.fanout import FanOutEngine, SampleDone, remaining
+from engines.fanout import EngineCounters, FanOutEngine, SampleDone, remaining
 from engines.settings import OpenAIHTTPSettings
 from engines.templates import CompletionTemplate
 
@@ -103,6 +103,7 @@ class OpenAIHTTPEngine(FanOutEngine):
         self._admission = Admission(
             name, settings.concurrency, settings.queue_size, settings.retry_after_s
         )
+        self.counters = EngineCounters()
         headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
         self._client = httpx.AsyncClient(
             base_url=settings.base_url.rstrip("/"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
 import msgspec
@@ -16,6 +16,7 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.response import Stream
 from litestar.types import ASGIApp
 
+from evaluator.loop import LoopResult
 from gateway import thinking
 from gateway.admin import ADMIN_HANDLERS
 from gateway.chat import (
@@ -32,6 +33,7 @@ from gateway.chat import (
 )
 from gateway.config import AUTO_MODEL, GatewayConfig
 from gateway.errors import EXCEPTION_HANDLERS, APIError
+from gateway.metrics import CONTENT_TYPE, Exchange
 from gateway.openai_types import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -89,13 +91,37 @@ def _runtime(state: State) -> Runtime:
 async def chat_completions(
     data: ChatCompletionRequest, state: State, request: Request[Any, Any, Any]
 ) -> ASGIApp:
-    runtime = _runtime(state)
+    runtime: Runtime = state.runtime
+    # The one place where a chat request's outcome is known, for the metrics.
+    exchange = runtime.metrics.exchange()
+    try:
+        response = await _chat(_runtime(state), exchange, data, request)
+    except BaseException as exc:
+        exchange.failed(exc)
+        raise
+    if isinstance(response, Stream):
+        assert isinstance(response.iterator, AsyncIterable)  # every stream here is async
+        response.iterator = exchange.streamed(response.iterator)
+    else:
+        exchange.answered(response.status_code or 200)
+    return response.to_asgi_response(None, request)
+
+
+async def _chat(
+    runtime: Runtime,
+    exchange: Exchange,
+    data: ChatCompletionRequest,
+    request: Request[Any, Any, Any],
+) -> Response[Any]:
     outcome = await handle(runtime, data, request.headers)
     if isinstance(outcome, Served):
-        return _served(outcome, data, request)
+        exchange.routed(outcome.source)
+        return _served(outcome, data)
     if isinstance(outcome, Thought):
-        return await _thought(runtime, outcome.think, outcome, data, request)
+        return await _thought(runtime, exchange, outcome.think, outcome, data, request)
     call = outcome.call
+    tier = call.decision.tier if call.decision is not None else call.engine.name
+    exchange.routed(tier, call.deadline)
     headers = {**_trace_headers(call), CACHE_HEADER: outcome.cache}
     if outcome.superseded_ms is not None:
         headers[SUPERSEDED_HEADER] = f"{outcome.superseded_ms:.1f}"
@@ -111,7 +137,7 @@ async def chat_completions(
         threshold = runtime.loop.settings.escalate_below or 0.0
         if probability < threshold:
             outcome.finished(None)
-            return await _thought(runtime, outcome.escalate, outcome, data, request)
+            return await _thought(runtime, exchange, outcome.escalate, outcome, data, request)
         outcome.finished(generation)
         headers["x-satisfice-confidence"] = f"{probability:.4f}"
         answer = Answer(
@@ -120,7 +146,7 @@ async def chat_completions(
             completion_tokens=generation.completion_tokens,
             prompt_tokens=generation.prompt_tokens,
         )
-        return _answered(answer, data, request, headers)
+        return _answered(answer, data, headers)
     if not data.stream:
         try:
             completion, generation = await complete(call)
@@ -130,57 +156,56 @@ async def chat_completions(
         outcome.finished(generation)
         # Server-Timing lets a client tell the engine's time from the gateway's own.
         headers["Server-Timing"] = f"engine;dur={engine_seconds(generation) * 1000:.3f}"
-        response = Response(
+        return Response(
             msgspec.json.encode(completion), media_type="application/json", headers=headers
         )
-        return response.to_asgi_response(None, request)
     body = await open_stream(call, outcome.finished)
     headers["Cache-Control"] = "no-cache"
-    stream = Stream(body, media_type="text/event-stream", headers=headers)
-    return stream.to_asgi_response(None, request)
+    return Stream(body, media_type="text/event-stream", headers=headers)
 
 
-def _served(
-    served: Served, data: ChatCompletionRequest, request: Request[Any, Any, Any]
-) -> ASGIApp:
+def _served(served: Served, data: ChatCompletionRequest) -> Response[Any]:
     """An answer from the cache, or shared from an identical request in flight."""
     headers = {CACHE_HEADER: served.source, "x-satisfice-engine": served.engine}
     if served.similarity is not None:
         headers["x-satisfice-cache-similarity"] = f"{served.similarity:.4f}"
-    return _answered(served.answer, data, request, headers)
+    return _answered(served.answer, data, headers)
 
 
 def _answered(
-    answer: Answer,
-    data: ChatCompletionRequest,
-    request: Request[Any, Any, Any],
-    headers: dict[str, str],
-) -> ASGIApp:
+    answer: Answer, data: ChatCompletionRequest, headers: dict[str, str]
+) -> Response[Any]:
     """An answer already in hand, as a completion or a one-chunk stream."""
     call_id = new_id()
     if not data.stream:
         completion = answer_completion(call_id, data.model, answer)
-        response = Response(
+        return Response(
             msgspec.json.encode(completion), media_type="application/json", headers=headers
         )
-        return response.to_asgi_response(None, request)
     include_usage = bool(data.stream_options and data.stream_options.include_usage)
     headers["Cache-Control"] = "no-cache"
     body = answer_stream(call_id, data.model, answer, include_usage)
-    return Stream(body, media_type="text/event-stream", headers=headers).to_asgi_response(
-        None, request
-    )
+    return Stream(body, media_type="text/event-stream", headers=headers)
 
 
 async def _thought(
     runtime: Runtime,
+    exchange: Exchange,
     think: Think,
     outcome: Thought | Dispatch,
     data: ChatCompletionRequest,
     request: Request[Any, Any, Any],
-) -> ASGIApp:
+) -> Response[Any]:
     """A hard question, answered by the reasoning loop."""
     assert runtime.loop is not None
+    exchange.routed("loop", think.deadline)
+    keep = think.finished
+
+    def finished(result: LoopResult | None) -> None:  # the metrics hear the result too
+        exchange.thought(result)
+        keep(result)
+
+    think = msgspec.structs.replace(think, finished=finished)
     headers = {
         CACHE_HEADER: outcome.cache,
         "x-satisfice-engine": runtime.loop.engine.name,
@@ -196,9 +221,7 @@ async def _thought(
     if data.stream:
         headers["Cache-Control"] = "no-cache"
         body = thinking.stream(think, run)
-        return Stream(body, media_type="text/event-stream", headers=headers).to_asgi_response(
-            None, request
-        )
+        return Stream(body, media_type="text/event-stream", headers=headers)
     # A plain response has no stream to close when the client leaves: watch for it.
     watcher = asyncio.create_task(_stop_when_gone(request, run))
     try:
@@ -215,11 +238,9 @@ async def _thought(
     if result.trace.fallback == "error":
         refusal = thinking.deadline_error(result.trace).response()
         refusal.headers.update(headers)
-        return refusal.to_asgi_response(None, request)
+        return refusal
     encoded = msgspec.json.encode(thinking.completion(think, result))
-    return Response(encoded, media_type="application/json", headers=headers).to_asgi_response(
-        None, request
-    )
+    return Response(encoded, media_type="application/json", headers=headers)
 
 
 async def _stop_when_gone(request: Request[Any, Any, Any], run: thinking.LoopRun) -> None:
@@ -265,6 +286,13 @@ async def list_models(state: State) -> ModelList:
     return ModelList([Model(name, state.started_at) for name in names])
 
 
+@get("/metrics", include_in_schema=False)
+async def metrics(state: State) -> Response[bytes]:
+    """Prometheus' text exposition of this replica's metrics."""
+    runtime: Runtime = state.runtime
+    return Response(runtime.metrics.exposition(), media_type=CONTENT_TYPE)
+
+
 @get("/healthz")
 async def healthz() -> dict[str, str]:
     """The process is alive and its event loop answers."""
@@ -303,6 +331,7 @@ def create_app(config: GatewayConfig) -> Litestar:
             list_models,
             healthz,
             readyz,
+            metrics,
             *ADMIN_HANDLERS,
         ],
         state=State({"runtime": runtime, "started_at": int(time.time())}),

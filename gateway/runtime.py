@@ -14,6 +14,7 @@ from evaluator.calibration import calibrator_file, read_calibrator
 from evaluator.loop import ReasoningLoop
 from gateway.chat import EngineAnswer
 from gateway.config import GatewayConfig
+from gateway.metrics import Metrics
 from gateway.thinking import Turns
 from router.embedder import Embedder
 from router.router import Router
@@ -51,6 +52,7 @@ class Runtime:
                 calibrator,
                 small=self.engines[config.router.small_engine],
             )
+        self.metrics = Metrics(self.engines, self.cache)
         self.turns = Turns()
         self.flights: Coalescer[EngineAnswer] = Coalescer()
         # Write-backs run after their response has gone; kept here so they finish.
