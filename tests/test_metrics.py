@@ -181,11 +181,12 @@ def test_loop_cache_and_sla_misses_are_counted(loop_url: str) -> None:
     )
     assert late.status_code == 504 and late.json()["error"]["code"] == "deadline_exceeded"
 
-    # The small engine's answer, then the same question from the cache.
+    # The small engine's answer, then the same question from the cache (this question's
+    # first sentence is a whole answer, which the cache keeps).
     ask: dict[str, Any] = {
         "model": "small",
-        "messages": [{"role": "user", "content": f"Name a colour. ({uuid.uuid4().hex[:6]})"}],
-        "max_tokens": 24, "temperature": 0, "stop": [".", "\n"],
+        "messages": [{"role": "user", "content": "What is the boiling point of water?"}],
+        "max_tokens": 48, "temperature": 0, "stop": [".", "\n"],
     }  # fmt: skip
     misses = 0
     for _ in range(20):  # the answer is stored after the response has gone
