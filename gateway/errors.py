@@ -73,6 +73,7 @@ class APIError(Exception):
         )
 
 
+_CHAT_PATH = "/v1/chat/completions"
 _MISSING = re.compile(r"missing required field `([^`]+)`")
 
 
@@ -101,6 +102,9 @@ def _engine_error(_: Request[Any, Any, Any], exc: EngineError) -> Response[bytes
 
 
 def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+    if request.scope["path"] == _CHAT_PATH and exc.status_code in (400, 413):
+        # A body refused before the handler, which counts every other chat request, ran.
+        request.app.state.runtime.metrics.refused(exc.status_code)
     if isinstance(exc, ValidationException):
         message, param = _validation_message(exc)
         return APIError(400, f"invalid request body: {message}", param=param).response()

@@ -49,7 +49,8 @@ class Metrics:
         )
         self.first_byte = Histogram(
             "satisfice_time_to_first_byte_seconds",
-            "Streamed chat completions: seconds from the request to the first body chunk",
+            "Streamed chat completions: seconds from the request to the first body chunk "
+            "(by the route known then: a loop's stream counts as loop)",
             ["route"],
             buckets=_SECONDS,
             registry=registry,
@@ -109,6 +110,10 @@ class Metrics:
 
     def exchange(self) -> Exchange:
         return Exchange(self)
+
+    def refused(self, status: int) -> None:
+        """A chat request refused before the handler ran (its body unreadable)."""
+        self.requests.labels(route=NO_ROUTE, status=str(status)).inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -86,9 +86,14 @@ def test_requests_routes_tokens_and_errors_are_counted(gateway_url: str) -> None
     with pytest.raises(openai.NotFoundError):
         openai_client.chat.completions.create(model="no-such-model", messages=HELLO)
     routes["error", "404"] += 1
+    # Bodies refused before the handler runs: not JSON, and no messages.
+    chat = f"{gateway_url}/v1/chat/completions"
+    assert httpx.post(chat, content=b"{not json").status_code == 400
+    assert httpx.post(chat, json={"model": "small"}).status_code == 400
 
     after = scrape(gateway_url)
-    for (route, status), count in routes.items():
+    # The refused bodies count as requests, with no time of their own.
+    for (route, status), count in (routes + Counter({("error", "400"): 2})).items():
         assert moved(before, after, "satisfice_requests_total", route=route, status=status) == count
     for route in ("small", "large", "error"):
         count = sum(n for (r, _), n in routes.items() if r == route)
