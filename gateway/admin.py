@@ -28,6 +28,13 @@ _ADMIN_ERRORS = {
     401: ResponseSpec(ErrorResponse, description="No admin key, or a wrong one"),
     403: ResponseSpec(ErrorResponse, description="Admin endpoints are closed in this config"),
     404: ResponseSpec(ErrorResponse, description="This config has no cache"),
+    503: ResponseSpec(ErrorResponse, description="Not ready, or the cache store is unavailable"),
+}
+# Without its own 400, Litestar documents one in its default error shape, which these
+# endpoints never send: a bad body is answered in OpenAI's error shape like any other.
+_ADMIN_BODY_ERRORS = {
+    400: ResponseSpec(ErrorResponse, description="Invalid request"),
+    **_ADMIN_ERRORS,
 }
 
 
@@ -95,7 +102,12 @@ class Invalidated(msgspec.Struct, frozen=True):
     deleted: int
 
 
-@post("/admin/cache/invalidate", guards=[require_admin], status_code=200, responses=_ADMIN_ERRORS)
+@post(
+    "/admin/cache/invalidate",
+    guards=[require_admin],
+    status_code=200,
+    responses=_ADMIN_BODY_ERRORS,
+)
 async def cache_invalidate(data: Invalidate, state: State) -> Invalidated:
     cache = _cache(state)
     chosen = sum((data.namespace is not None, data.id is not None, data.all))
@@ -115,7 +127,7 @@ async def cache_invalidate(data: Invalidate, state: State) -> Invalidated:
     status_code=200,
     request_max_body_size=MAX_WARMUP_BYTES,
     description='JSONL, one {"prompt", "response", ...} per line; ?tenant= picks the tenant.',
-    responses=_ADMIN_ERRORS,
+    responses=_ADMIN_BODY_ERRORS,
 )
 async def cache_warmup(
     state: State, request: Request[Any, Any, Any], tenant: str = "default"

@@ -33,6 +33,13 @@ class StreamOptions(Struct, frozen=True):
     include_usage: bool = False
 
 
+# Litestar reads an optional field's bounds by truthiness, so a bound of 0 would be
+# left out of the OpenAPI schema, and requests the schema allows refused: it is
+# written out again under the key whose contents Litestar copies into the schema.
+_AT_LEAST_ZERO = {"extra": {"minimum": 0}}
+_ABOVE_ZERO = {"extra": {"exclusive_minimum": 0}}
+
+
 class ChatCompletionRequest(Struct, frozen=True, kw_only=True):
     model: str
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
@@ -40,15 +47,15 @@ class ChatCompletionRequest(Struct, frozen=True, kw_only=True):
     stream_options: StreamOptions | None = None
     max_tokens: Annotated[int, Meta(ge=1)] | None = None
     max_completion_tokens: Annotated[int, Meta(ge=1)] | None = None
-    temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
+    temperature: Annotated[float, Meta(ge=0, le=2, extra_json_schema=_AT_LEAST_ZERO)] | None = None
+    top_p: Annotated[float, Meta(gt=0, le=1, extra_json_schema=_ABOVE_ZERO)] | None = None
     n: Annotated[int, Meta(ge=1)] | None = None
     stop: str | Annotated[list[str], Meta(max_length=4)] | None = None
     seed: int | None = None
     frequency_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
     presence_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
     logprobs: bool | None = False
-    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    top_logprobs: Annotated[int, Meta(ge=0, le=20, extra_json_schema=_AT_LEAST_ZERO)] | None = None
     user: str | None = None
 
 
