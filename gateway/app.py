@@ -80,6 +80,8 @@ def _runtime(state: State) -> Runtime:
         404: ResponseSpec(ErrorResponse, description="Unknown model"),
         429: ResponseSpec(ErrorResponse, description="Engine queue full; see Retry-After"),
         409: ResponseSpec(ErrorResponse, description="A newer turn replaced this request"),
+        413: ResponseSpec(ErrorResponse, description="Body larger than the limit"),
+        502: ResponseSpec(ErrorResponse, description="The engine failed"),
         503: ResponseSpec(ErrorResponse, description="Not ready, or engine unavailable"),
         504: ResponseSpec(
             ErrorResponse,
@@ -266,7 +268,9 @@ def _trace_headers(call: ChatCall) -> dict[str, str]:
     status_code=200,
     description="The routing decision for a chat request, explained, without generating.",
     responses={
+        400: ResponseSpec(ErrorResponse, description="Invalid request"),
         404: ResponseSpec(ErrorResponse, description="Routing is turned off"),
+        413: ResponseSpec(ErrorResponse, description="Body larger than the limit"),
         503: ResponseSpec(ErrorResponse, description="Not ready"),
     },
 )

@@ -10,12 +10,6 @@ import pytest
 
 ERROR_REF = "#/components/schemas/ErrorResponse"
 
-ROUTE_400 = pytest.mark.xfail(
-    strict=True,
-    reason="POST /v1/route still documents Litestar's default 400 body: gateway/app.py's "
-    "explain_route needs 400: ResponseSpec(ErrorResponse); remove this mark with that fix",
-)
-
 
 @pytest.fixture(scope="module")
 def openapi(gateway_url: str) -> dict[str, Any]:
@@ -29,7 +23,7 @@ def openapi(gateway_url: str) -> dict[str, Any]:
     ("method", "path"),
     [
         ("post", "/v1/chat/completions"),
-        pytest.param("post", "/v1/route", marks=ROUTE_400),
+        pytest.param("post", "/v1/route"),
         ("get", "/admin/cache/stats"),
         ("post", "/admin/cache/invalidate"),
         ("post", "/admin/cache/warmup"),
