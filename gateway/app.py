@@ -17,7 +17,7 @@ from litestar.response import Stream
 from litestar.types import ASGIApp
 
 from evaluator.loop import LoopResult
-from gateway import thinking
+from gateway import logs, thinking
 from gateway.admin import ADMIN_HANDLERS
 from gateway.chat import (
     Answer,
@@ -94,13 +94,22 @@ async def chat_completions(
     data: ChatCompletionRequest, state: State, request: Request[Any, Any, Any]
 ) -> ASGIApp:
     runtime: Runtime = state.runtime
-    # The one place where a chat request's outcome is known, for the metrics.
-    exchange = runtime.metrics.exchange()
+    # The one place where a chat request's outcome is known, for the metrics and the
+    # access log (which hears what the response's headers say once there is one).
+    facts = {"model": data.model}
+
+    def log_access(ended: Exchange, status: int, seconds: float) -> None:
+        logs.access(ended, status, seconds, facts)
+
+    exchange = runtime.metrics.exchange(log_access)
     try:
         response = await _chat(_runtime(state), exchange, data, request)
     except BaseException as exc:
         exchange.failed(exc)
         raise
+    for header, fact in (("x-satisfice-engine", "engine"), (CACHE_HEADER, "cache")):
+        if header in response.headers:
+            facts[fact] = str(response.headers[header])
     if isinstance(response, Stream):
         assert isinstance(response.iterator, AsyncIterable)  # every stream here is async
         response.iterator = exchange.streamed(response.iterator)
@@ -328,7 +337,7 @@ def create_app(config: GatewayConfig) -> Litestar:
                 await loading
             await runtime.close()
 
-    return Litestar(
+    app = Litestar(
         route_handlers=[
             chat_completions,
             explain_route,
@@ -343,4 +352,10 @@ def create_app(config: GatewayConfig) -> Litestar:
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
         request_max_body_size=config.server.max_body_bytes,
         openapi_config=OpenAPIConfig(title="Satisfice", version="0.1.0", path="/openapi"),
+        # Logging is the process's (gateway.logs); Litestar's default would replace
+        # the root logger's handler with its own format.
+        logging_config=None,
     )
+    # Outside Litestar's exception handling, so its 404s and 500s carry the id too.
+    app.asgi_handler = logs.RequestIds(app.asgi_handler)
+    return app

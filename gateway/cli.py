@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from gateway.cache_commands import add_commands as add_cache_commands
 from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.config_docs import render_reference
 from gateway.evaluator_commands import add_commands as add_evaluator_commands
+from gateway.logs import configure_logging
 from gateway.router_commands import add_commands as add_router_commands
 from router.model_file import RouterFileError
 from router.outcomes import OutcomeError
@@ -31,12 +31,13 @@ def _serve(args: argparse.Namespace) -> int:
         port=config.server.port if args.port is None else args.port,
     )
     config = msgspec.structs.replace(config, server=server)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(server)
     uvicorn.run(
         create_app(config),
         host=server.host,
         port=server.port,
         log_level="info",
+        log_config=None,  # configure_logging's handler serves uvicorn's loggers too
         timeout_graceful_shutdown=30,
     )
     return 0

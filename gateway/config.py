@@ -11,7 +11,7 @@ import re
 import typing
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 import yaml
@@ -47,6 +47,9 @@ class ServerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     # The key that opens /admin/*; when unset, the environment's SATISFICE_ADMIN_KEY,
     # and with neither the admin endpoints stay closed.
     admin_key: str | None = None
+    # Log lines on stderr: `text` for people, `json` (one object per line, with the
+    # request id and an access line per chat completion) for log collectors.
+    log_format: Literal["text", "json"] = "text"
 
 
 Milliseconds = Annotated[int, msgspec.Meta(ge=1)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, AsyncIterable, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterator, Mapping
 
 from litestar.exceptions import HTTPException
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -108,8 +108,8 @@ class Metrics:
             self.config_reloads.labels(result=result)
         registry.register(_Collected(engines, cache))
 
-    def exchange(self) -> Exchange:
-        return Exchange(self)
+    def exchange(self, on_end: Callable[[Exchange, int, float], None] | None = None) -> Exchange:
+        return Exchange(self, on_end)
 
     def refused(self, status: int) -> None:
         """A chat request refused before the handler ran (its body unreadable)."""
@@ -134,10 +134,17 @@ def status_of(exc: BaseException) -> int:
 
 class Exchange:
     """One chat request as the metrics see it: its route once known, the loop's trace
-    if it thought, and its end, recorded once."""
+    if it thought, and its end, recorded once. ``on_end`` hears the end too (status,
+    seconds): the access log."""
 
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(
+        self, metrics: Metrics, on_end: Callable[[Exchange, int, float], None] | None = None
+    ) -> None:
         self._metrics = metrics
+        self._on_end = on_end
+        # Why the loop stopped, and its fallback; None when the loop did not answer.
+        self.stop: str | None = None
+        self.fallback: str | None = None
         self._started = time.monotonic()
         self.route = NO_ROUTE
         self._deadline: float | None = None
@@ -153,6 +160,7 @@ class Exchange:
         if result is None:
             return
         trace, metrics = result.trace, self._metrics
+        self.stop, self.fallback = trace.stop, trace.fallback
         metrics.loop_rounds.observe(len(trace.rounds))
         metrics.loop_branches.observe(sum(len(r.branches) for r in trace.rounds))
         metrics.loop_confidence.observe(trace.confidence)
@@ -195,6 +203,8 @@ class Exchange:
         late = self._deadline is not None and now > self._deadline
         if late or self._deadline_error:
             metrics.sla_misses.inc()
+        if self._on_end is not None:
+            self._on_end(self, status, now - self._started)
 
 
 class _Collected(Collector):
