@@ -115,6 +115,20 @@ async def embedder() -> AsyncIterator[Embedder]:
     await embedder.close()
 
 
+# Both bundled models as a test gateway's engines, the large one's answers cut at the
+# end of their line by its template's stops.
+BUNDLED_ENGINES = """
+engines:
+  small:
+    backend: llama_cpp
+    model: smollm2-135m-instruct
+  large:
+    backend: llama_cpp
+    model: gemma3-270m
+    template:
+      stop: ["\\nQuestion:", "\\n\\n"]
+"""
+
 GATEWAY_CONFIG = """
 router: {}
 server:

@@ -15,7 +15,7 @@ import pytest
 
 from evaluator.calibration import Calibrator, write_calibrator
 from evaluator.signals import SignalSettings
-from tests.conftest import start_gateway, stop
+from tests.conftest import BUNDLED_ENGINES, start_gateway, stop
 
 # Every routed question is hard (threshold 0), and the calibrator (a real one with
 # every weight zero) gives every answer P = 0.5, so only rounds, tokens and time stop
@@ -242,15 +242,7 @@ def escalating_config(calibrator: str, escalate_below: float) -> str:
     return f"""
 router:
   threshold: 1000.0
-engines:
-  small:
-    backend: llama_cpp
-    model: smollm2-135m-instruct
-  large:
-    backend: llama_cpp
-    model: gemma3-270m
-    template:
-      stop: ["\\nQuestion:", "\\n\\n"]
+{BUNDLED_ENGINES}
 loop:
   branches: 2
   max_rounds: 1

@@ -18,7 +18,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import start_gateway, stop
+from tests.conftest import BUNDLED_ENGINES, start_gateway, stop
 
 HELLO = [{"role": "user", "content": "What is 2+2?"}]
 STORY = [{"role": "user", "content": "Write a long story about a dragon and a knight."}]
@@ -134,25 +134,17 @@ async def test_overload_is_counted_per_engine(gateway_url: str) -> None:
 
 # Every routed question is hard and thinks for one round of one short branch; the
 # cache keeps what the small engine answers.
-LOOP_AND_CACHE_CONFIG = """
+LOOP_AND_CACHE_CONFIG = f"""
 router:
   threshold: 0.0
-engines:
-  small:
-    backend: llama_cpp
-    model: smollm2-135m-instruct
-  large:
-    backend: llama_cpp
-    model: gemma3-270m
-    template:
-      stop: ["\\nQuestion:", "\\n\\n"]
+{BUNDLED_ENGINES}
 loop:
   branches: 1
   max_rounds: 1
   round_tokens: 8
   calibrator: null
 cache:
-  store: {kind: memory}
+  store: {{kind: memory}}
 """
 
 

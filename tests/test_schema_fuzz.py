@@ -22,7 +22,7 @@ from schemathesis import GenerationMode, checks
 from schemathesis.schemas import BaseSchema
 
 from gateway.openai_types import ChatCompletionChunk, ErrorResponse
-from tests.conftest import start_gateway, stop
+from tests.conftest import BUNDLED_ENGINES, start_gateway, stop
 
 ADMIN_KEY = "fuzz-admin-key"
 
@@ -39,16 +39,7 @@ loop:
   max_rounds: 1
   round_tokens: 8
   token_budget: 16
-engines:
-  small:
-    backend: llama_cpp
-    model: smollm2-135m-instruct
-  large:
-    backend: llama_cpp
-    model: gemma3-270m
-    template:
-      stop: ["\\nQuestion:", "\\n\\n"]
-"""
+{BUNDLED_ENGINES}"""
 
 # Every operation of the API: a test below fails when the schema lists one more.
 # /metrics is fuzzed once the gateway serves it.
