@@ -112,9 +112,13 @@ class LoopResult(msgspec.Struct, frozen=True, kw_only=True):
     text: str  # empty when the fallback is an error
     trace: LoopTrace
     prompt_tokens: int
-    completion_tokens: int  # every token the answer cost (all branches)
     answer_tokens: int  # the tokens of the answer itself
     engine: str  # the engine whose answer this is
+
+    @property
+    def completion_tokens(self) -> int:
+        """Every token the answer cost: all branches and probes (the trace's count)."""
+        return self.trace.tokens
 
 
 class _Branch(msgspec.Struct, kw_only=True):
@@ -277,7 +281,6 @@ class ReasoningLoop:
                 text=text,
                 trace=trace,
                 prompt_tokens=prompt_tokens,
-                completion_tokens=spent,
                 answer_tokens=own,
                 engine=engine,
             )

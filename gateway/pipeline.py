@@ -364,39 +364,27 @@ async def _write_back(
     tier: str,
     flight: Flight[EngineAnswer] | None,
 ) -> None:
+    cache = runtime.cache
     try:
-        await _store(runtime, plan, embedded, answer, engine, confidence, tier)
+        # Only whole answers: one cut short by max_tokens or a deadline is not the answer.
+        if cache is None or answer.finish_reason != "stop" or not answer.text.strip():
+            return
+        entry = cache.entry(
+            plan.namespace,
+            plan.prompt,
+            await embedded.get(),
+            response=answer.text,
+            model=engine,
+            tier=tier,
+            confidence=confidence,
+            completion_tokens=answer.completion_tokens,
+        )
+        await cache.put([entry])
     except Exception:  # a failed write-back costs a future hit, never this answer
         log.exception("cache write-back failed")
     finally:
         if flight is not None:
             flight.end()
-
-
-async def _store(
-    runtime: Runtime,
-    plan: CachePlan,
-    embedded: Embedded,
-    answer: Answer,
-    engine: str,
-    confidence: float,
-    tier: str,
-) -> None:
-    cache = runtime.cache
-    # Only whole answers: one cut short by max_tokens or a deadline is not the answer.
-    if cache is None or answer.finish_reason != "stop" or not answer.text.strip():
-        return
-    entry = cache.entry(
-        plan.namespace,
-        plan.prompt,
-        await embedded.get(),
-        response=answer.text,
-        model=engine,
-        tier=tier,
-        confidence=confidence,
-        completion_tokens=answer.completion_tokens,
-    )
-    await cache.put([entry])
 
 
 def last_user_turn(messages: tuple[Message, ...]) -> str:

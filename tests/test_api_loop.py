@@ -20,27 +20,18 @@ from tests.conftest import BUNDLED_ENGINES, start_gateway, stop
 # Every routed question is hard (threshold 0), and the calibrator (a real one with
 # every weight zero) gives every answer P = 0.5, so only rounds, tokens and time stop
 # the loop.
-LOOP_CONFIG = """
+LOOP_CONFIG = f"""
 router:
   threshold: 0.0
-engines:
-  small:
-    backend: llama_cpp
-    model: smollm2-135m-instruct
-  large:
-    backend: llama_cpp
-    model: gemma3-270m
-    queue_size: 64
-    template:
-      stop: ["\\nQuestion:", "\\n\\n"]
+{BUNDLED_ENGINES}
 loop:
   branches: 2
   max_rounds: 30
   round_tokens: 48
-  calibrator: {calibrator}
+  calibrator: {{calibrator}}
 sla:
-  deadline_ms: {large: 20000}
-  fallback: {policy: best}
+  deadline_ms: {{large: 20000}}
+  fallback: {{policy: best}}
 """
 
 STORY = "Write a long story about a dragon who learns to fly."
