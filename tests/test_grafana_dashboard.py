@@ -118,7 +118,7 @@ def _loop_answer() -> LoopResult:
         tokens=3, probe_tokens=0, deadline_ms=1.0, elapsed_ms=2.0,
     )  # fmt: skip
     return LoopResult(
-        text="4", trace=trace, prompt_tokens=5, completion_tokens=3, answer_tokens=1,
+        text="4", trace=trace, prompt_tokens=5, answer_tokens=1,
         engine="large",
     )  # fmt: skip
 
