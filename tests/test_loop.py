@@ -177,7 +177,8 @@ async def test_probes_follow_a_branch_across_rounds(large_engine: LlamaCppEngine
     own text, and is asked for its answer after each round; probe tokens count."""
     settings = LoopSettings(branches=3, max_rounds=3, round_tokens=4, probes=True)
     loop = ReasoningLoop(large_engine, settings, doubtful())
-    question = [Message("user", "Write a long story about a dragon.")]
+    # A list that runs on for many tokens: four tokens a round rarely finish it.
+    question = [Message("user", "List the numbers from 1 to 100, separated by commas.")]
     result = None
     async for event in loop.run(question, deadline=None):
         if isinstance(event, LoopResult):
