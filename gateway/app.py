@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
@@ -17,7 +18,7 @@ from litestar.response import Stream
 from litestar.types import ASGIApp
 
 from evaluator.loop import LoopResult
-from gateway import logs, thinking
+from gateway import logs, thinking, tracing
 from gateway.admin import ADMIN_HANDLERS
 from gateway.chat import (
     Answer,
@@ -100,6 +101,7 @@ async def chat_completions(
 
     def log_access(ended: Exchange, status: int, seconds: float) -> None:
         logs.access(ended, status, seconds, facts)
+        tracing.chat_ended(ended, facts)
 
     exchange = runtime.metrics.exchange(log_access)
     try:
@@ -324,6 +326,9 @@ async def readyz(state: State) -> Response[dict[str, object]]:
 
 def create_app(config: GatewayConfig) -> Litestar:
     runtime = Runtime(config)
+    # The config's telemetry section wins over the standard OTEL_* variables.
+    telemetry = config.telemetry or tracing.from_environment(os.environ)
+    traces = tracing.Tracing(telemetry) if telemetry is not None else None
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
@@ -336,6 +341,8 @@ def create_app(config: GatewayConfig) -> Litestar:
             with contextlib.suppress(asyncio.CancelledError):
                 await loading
             await runtime.close()
+            if traces is not None:  # the last spans, flushed; blocks up to its timeout
+                await asyncio.to_thread(traces.close)
 
     app = Litestar(
         route_handlers=[
@@ -357,5 +364,8 @@ def create_app(config: GatewayConfig) -> Litestar:
         logging_config=None,
     )
     # Outside Litestar's exception handling, so its 404s and 500s carry the id too.
-    app.asgi_handler = logs.RequestIds(app.asgi_handler)
+    handler = app.asgi_handler
+    if traces is not None:
+        handler = tracing.server_spans(handler, traces.tracer)
+    app.asgi_handler = logs.RequestIds(handler)
     return app

@@ -20,6 +20,7 @@ from cache.settings import CacheSettings
 from engines.settings import EngineSettings
 from evaluator.loop import FallbackSettings
 from evaluator.policy import LoopSettings
+from gateway.tracing import TelemetrySettings
 from router.embedder import EmbedderSettings
 from router.settings import RouterSettings
 
@@ -106,6 +107,9 @@ class GatewayConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     # Hard questions routed to the large engine think in rounds until confident
     # (needs the router); without it, they get one pass like any other.
     loop: LoopSettings | None = None
+    # OpenTelemetry traces over OTLP/HTTP. Null: none, unless the standard
+    # OTEL_EXPORTER_OTLP_ENDPOINT (or ..._TRACES_ENDPOINT) is set; this section wins over it.
+    telemetry: TelemetrySettings | None = None
     # Deadlines by tier and tenant, and what answers when one runs out.
     sla: SLASettings = SLASettings()
 

@@ -145,6 +145,9 @@ class Exchange:
         # Why the loop stopped, and its fallback; None when the loop did not answer.
         self.stop: str | None = None
         self.fallback: str | None = None
+        # The loop's rounds and its answer's confidence, for the request's trace span.
+        self.rounds: int | None = None
+        self.confidence: float | None = None
         self._started = time.monotonic()
         self.route = NO_ROUTE
         self._deadline: float | None = None
@@ -161,6 +164,7 @@ class Exchange:
             return
         trace, metrics = result.trace, self._metrics
         self.stop, self.fallback = trace.stop, trace.fallback
+        self.rounds, self.confidence = len(trace.rounds), trace.confidence
         metrics.loop_rounds.observe(len(trace.rounds))
         metrics.loop_branches.observe(sum(len(r.branches) for r in trace.rounds))
         metrics.loop_confidence.observe(trace.confidence)
