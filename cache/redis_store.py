@@ -219,6 +219,21 @@ def _sentinel(url: str, connection: dict[str, Any]) -> tuple[Sentinel, str]:
     return sentinel, path[0]
 
 
+def redis_client(url: str, timeout_s: float) -> Redis:
+    """A plain client for ``url`` (redis://, rediss:// or redis+sentinel://) that
+    fails within ``timeout_s`` rather than retrying: for small side uses of Redis."""
+    common: dict[str, Any] = {
+        "socket_connect_timeout": timeout_s,
+        "socket_timeout": timeout_s,
+        "retry": Retry(NoBackoff(), 0),
+    }
+    if urlsplit(url).scheme == SENTINEL_SCHEME:
+        sentinel, service = _sentinel(url, common)
+        client: Redis = sentinel.master_for(service, **common)
+        return client
+    return Redis.from_url(url, **common)
+
+
 class RedisStore:
     """Entries in Redis, shared by every replica; bounded by Redis's maxmemory."""
 

@@ -138,21 +138,30 @@ class SemanticCache:
     # -- lookup -------------------------------------------------------------------
 
     async def lookup(
-        self, namespace: Namespace, prompt: str, embed: Callable[[], Awaitable[Embedding]]
+        self,
+        namespace: Namespace,
+        prompt: str,
+        embed: Callable[[], Awaitable[Embedding]],
+        settings: CacheSettings | None = None,
     ) -> tuple[Hit | Miss, Embedding | None]:
         """Exact path, then (only if that misses) the semantic path with the vector
-        ``embed`` returns; the vector comes back too, for whoever needs it next."""
-        hit = await self.exact(namespace, prompt)
+        ``embed`` returns; the vector comes back too, for whoever needs it next.
+        ``settings`` replace the cache's own for this lookup (a tenant's threshold, the
+        config a request started with)."""
+        settings = settings or self.settings
+        hit = await self.exact(namespace, prompt, settings)
         if hit is not None:
             return hit, None
-        if not self.settings.semantic:
+        if not settings.semantic:
             self.counters.misses += 1
             return Miss("exact_only"), None
         embedding = await embed()
-        return await self.semantic(namespace, prompt, embedding), embedding
+        return await self.semantic(namespace, prompt, embedding, settings), embedding
 
-    async def exact(self, namespace: Namespace, prompt: str) -> Hit | None:
-        if not self.settings.exact:
+    async def exact(
+        self, namespace: Namespace, prompt: str, settings: CacheSettings | None = None
+    ) -> Hit | None:
+        if not (settings or self.settings).exact:
             return None
         entry = await self._guarded(self.store.get(namespace.key, entry_id(namespace, prompt)))
         if entry is None:
@@ -160,12 +169,18 @@ class SemanticCache:
         self.counters.exact_hits += 1
         return Hit(entry, "exact", 1.0)
 
-    async def semantic(self, namespace: Namespace, prompt: str, embedding: Embedding) -> Hit | Miss:
+    async def semantic(
+        self,
+        namespace: Namespace,
+        prompt: str,
+        embedding: Embedding,
+        settings: CacheSettings | None = None,
+    ) -> Hit | Miss:
         if embedding.model != namespace.embedding:
             raise ValueError(
                 f"embedding from {embedding.model!r} in a namespace of {namespace.embedding!r}"
             )
-        found = await self._semantic(namespace, prompt, embedding)
+        found = await self._semantic(namespace, prompt, embedding, settings or self.settings)
         if isinstance(found, Hit):
             self.counters.semantic_hits += 1
         else:
@@ -178,19 +193,17 @@ class SemanticCache:
         return found
 
     async def _semantic(
-        self, namespace: Namespace, prompt: str, embedding: Embedding
+        self, namespace: Namespace, prompt: str, embedding: Embedding, settings: CacheSettings
     ) -> Hit | Miss:
         index = self._state.indexes.get(namespace.key)
-        if not self.settings.semantic or index is None or len(index) == 0:
+        if not settings.semantic or index is None or len(index) == 0:
             return Miss("empty")
-        similarities, ids = await self._index(
-            index.search, embedding.vector, self.settings.candidates
-        )
+        similarities, ids = await self._index(index.search, embedding.vector, settings.candidates)
         best = float(similarities[0, 0])
         near = [
             (float(similarity), int(id_))
             for similarity, id_ in zip(similarities[0], ids[0], strict=True)
-            if id_ >= 0 and similarity >= self.settings.similarity_threshold
+            if id_ >= 0 and similarity >= settings.similarity_threshold
         ]
         if not near:
             return Miss("below_threshold", best)
@@ -203,7 +216,7 @@ class SemanticCache:
             if entry is None:  # expired or evicted since it was indexed
                 gone.append(id_)
                 continue
-            vetoed = veto(entry.prompt, prompt, self.settings.guards)
+            vetoed = veto(entry.prompt, prompt, settings.guards)
             if vetoed is None:
                 return Hit(entry, "semantic", similarity)
             reason = f"guard:{vetoed}"

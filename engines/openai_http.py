@@ -25,6 +25,7 @@ from engines.base import (
     EngineOverloaded,
     EngineUnavailable,
     FinishReason,
+    Generation,
     Prompt,
     PromptTooLong,
     Sample,
@@ -33,6 +34,7 @@ from engines.base import (
     TokenLogprob,
     TopLogprob,
 )
+from engines.breaker import Breaker, BreakerOpen
 from engines.fanout import EngineCounters, FanOutEngine, SampleDone, remaining
 from engines.settings import OpenAIHTTPSettings
 from engines.templates import CompletionTemplate
@@ -104,6 +106,9 @@ class OpenAIHTTPEngine(FanOutEngine):
             name, settings.concurrency, settings.queue_size, settings.retry_after_s
         )
         self.counters = EngineCounters()
+        self.breaker: Breaker | None = None
+        if settings.breaker is not None:
+            self.breaker = Breaker(settings.breaker.failures, settings.breaker.open_s)
         headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
         self._client = httpx.AsyncClient(
             base_url=settings.base_url.rstrip("/"),
@@ -126,6 +131,41 @@ class OpenAIHTTPEngine(FanOutEngine):
 
     async def close(self) -> None:
         await self._client.aclose()
+
+    async def stream(
+        self, prompt: Prompt, params: SamplingParams, deadline: float | None = None
+    ) -> AsyncGenerator[Delta | Generation]:
+        """The samples, behind the circuit breaker: one request is one call, whatever
+        its ``n``, so that a half-open breaker's trial is one whole request."""
+        breaker = self.breaker
+        ticket = None
+        if breaker is not None:
+            try:
+                ticket = breaker.admit()
+            except BreakerOpen as exc:
+                raise EngineUnavailable(self.name, str(exc)) from None
+        events = super().stream(prompt, params, deadline)
+        if breaker is None or ticket is None:
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    yield event
+            return
+        verdict = breaker.abandoned
+        try:
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    if isinstance(event, Generation):
+                        # Callers stop iterating once they have it: judge the call now.
+                        verdict = breaker.succeeded
+                    yield event
+        except EngineUnavailable:
+            verdict = breaker.failed
+            raise
+        except EngineError:
+            verdict = breaker.succeeded  # refused or overloaded: the server is alive
+            raise
+        finally:
+            verdict(ticket)
 
     def _request(self, prompt: Prompt, params: SamplingParams) -> tuple[str, dict[str, Any]]:
         body: dict[str, Any] = {

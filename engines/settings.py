@@ -12,6 +12,17 @@ Positive = Annotated[int, msgspec.Meta(ge=1)]
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
 
 
+class BreakerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Stop calling a server that keeps failing; let one trial call through later."""
+
+    # Consecutive failed calls (server unreachable, 5xx, stream broken off) that open
+    # the breaker; overload (429/503) and refused requests (4xx) do not count.
+    failures: Positive = 5
+    # Seconds an open breaker refuses calls at once (503) before one trial call may
+    # go to the server; its success closes the breaker, its failure opens it again.
+    open_s: Seconds = 10.0
+
+
 class _Common(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     # Samples generated at once, and samples allowed to wait for one of those slots.
     concurrency: Positive = 1
@@ -21,6 +32,10 @@ class _Common(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
     timeout_s: Seconds | None = 120.0
     # What an overloaded engine tells clients to wait (the Retry-After header).
     retry_after_s: Annotated[float, msgspec.Meta(ge=0)] = 1.0
+    # Another engine's name: it answers this engine's requests while this one is
+    # unavailable (circuit open, or unreachable before the first token was sent).
+    # One tier only: the fallback's own fallback is not followed.
+    fallback: str | None = None
 
 
 class LlamaCppSettings(_Common, tag="llama_cpp", tag_field="backend", kw_only=True, frozen=True):
@@ -61,6 +76,8 @@ class OpenAIHTTPSettings(
     read_timeout_s: Seconds = 60.0
     # Retried only when the request cannot have reached the server (connect errors).
     connect_retries: Annotated[int, msgspec.Meta(ge=0)] = 2
+    # Fail fast while the server keeps failing; null: every call tries the server.
+    breaker: BreakerSettings | None = BreakerSettings()
 
 
 EngineSettings = LlamaCppSettings | OpenAIHTTPSettings

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import math
 import random
 import time
@@ -164,6 +165,13 @@ class ReasoningLoop:
         self.calibrator = calibrator
         self.small = small
         self._signals = signal_settings(calibrator)
+
+    def tuned(self, settings: LoopSettings) -> ReasoningLoop:
+        """This loop with other settings (a tenant's threshold, a reloaded config),
+        sharing its engines and calibrator; a run keeps the settings it started with."""
+        tuned = copy.copy(self)
+        tuned.settings = settings
+        return tuned
 
     async def run(
         self,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
-import os
 from typing import Any
 
 import msgspec
@@ -20,13 +18,14 @@ from gateway.errors import APIError
 from gateway.openai_types import ErrorResponse
 from gateway.runtime import Runtime
 
-ADMIN_KEY_ENV = "SATISFICE_ADMIN_KEY"
 # A warm-up upload may be far larger than a chat request.
 MAX_WARMUP_BYTES = 256 * 1024 * 1024
 
 _ADMIN_ERRORS = {
     401: ResponseSpec(ErrorResponse, description="No admin key, or a wrong one"),
-    403: ResponseSpec(ErrorResponse, description="Admin endpoints are closed in this config"),
+    403: ResponseSpec(
+        ErrorResponse, description="Admin endpoints are closed, or the key is not an admin's"
+    ),
     404: ResponseSpec(ErrorResponse, description="This config has no cache"),
     503: ResponseSpec(ErrorResponse, description="Not ready, or the cache store is unavailable"),
 }
@@ -38,31 +37,11 @@ _ADMIN_BODY_ERRORS = {
 }
 
 
-def admin_key(runtime: Runtime) -> str | None:
-    return runtime.config.server.admin_key or os.environ.get(ADMIN_KEY_ENV) or None
-
-
 def require_admin(
     connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler
 ) -> None:
     runtime: Runtime = connection.app.state.runtime
-    expected = admin_key(runtime)
-    if expected is None:
-        raise APIError(
-            403,
-            f"admin endpoints are closed: set server.admin_key or {ADMIN_KEY_ENV}",
-            type="permission_error",
-            code="admin_closed",
-        )
-    given = connection.headers.get("authorization", "")
-    scheme, _, token = given.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), expected.encode()):
-        raise APIError(
-            401,
-            "an admin key is required: send it as 'Authorization: Bearer <key>'",
-            type="authentication_error",
-            code="invalid_admin_key",
-        )
+    runtime.keys.admin(connection.headers)
 
 
 def _cache(state: State) -> SemanticCache:

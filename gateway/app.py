@@ -6,20 +6,25 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import msgspec
 from litestar import Litestar, Request, Response, get, post
+from litestar.connection import ASGIConnection
 from litestar.datastructures import State
+from litestar.handlers.base import BaseRouteHandler
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.response import Stream
 from litestar.types import ASGIApp
 
+from engines.failover import failed_over
 from evaluator.loop import LoopResult
 from gateway import logs, thinking, tracing
 from gateway.admin import ADMIN_HANDLERS
+from gateway.auth import Caller
 from gateway.chat import (
     Answer,
     ChatCall,
@@ -38,9 +43,11 @@ from gateway.metrics import CONTENT_TYPE, Exchange
 from gateway.openai_types import (
     ChatCompletion,
     ChatCompletionRequest,
+    Decision,
     ErrorResponse,
     Model,
     ModelList,
+    TracedCompletion,
 )
 from gateway.pipeline import (
     CACHE_HEADER,
@@ -52,11 +59,27 @@ from gateway.pipeline import (
     last_user_turn,
     route,
 )
+from gateway.reload import start_reloading
 from gateway.runtime import Runtime
 from gateway.thinking import SUPERSEDED_HEADER, Think
 from router.router import RouteDecision
 
 _CHAT_RESPONSES_DOC = "A chat completion, or with `stream: true` a text/event-stream of chunks."
+
+
+def require_key(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    """Before the body is read: who is calling (401 without a valid key, when keys are
+    configured), and the config this request keeps to its end, even across a reload."""
+    runtime: Runtime = connection.app.state.runtime
+    # Read together, with no await between them: apply() replaces both at once.
+    config, keys = runtime.config, runtime.keys
+    connection.state.config = config
+    connection.state.caller = keys.caller(connection.headers)
+
+
+def _asked(request: Request[Any, Any, Any]) -> tuple[GatewayConfig, Caller]:
+    """What require_key found for this request."""
+    return request.state.config, request.state.caller
 
 
 def _runtime(state: State) -> Runtime:
@@ -71,15 +94,23 @@ def _runtime(state: State) -> Runtime:
 
 # The handler returns finished ASGI responses: given a Stream, Litestar would still
 # apply the route's JSON media type. `responses` keeps the OpenAPI schema complete.
+_KEY_ERRORS = {401: ResponseSpec(ErrorResponse, description="No API key, or an unknown one")}
+
+
 @post(
     "/v1/chat/completions",
     description=_CHAT_RESPONSES_DOC,
     status_code=200,
+    guards=[require_key],
     responses={
         200: ResponseSpec(ChatCompletion, description="The completion (without `stream`)"),
         400: ResponseSpec(ErrorResponse, description="Invalid request"),
+        **_KEY_ERRORS,
         404: ResponseSpec(ErrorResponse, description="Unknown model"),
-        429: ResponseSpec(ErrorResponse, description="Engine queue full; see Retry-After"),
+        429: ResponseSpec(
+            ErrorResponse,
+            description="The key's rate limit, or an engine's queue, is full; see Retry-After",
+        ),
         409: ResponseSpec(ErrorResponse, description="A newer turn replaced this request"),
         413: ResponseSpec(ErrorResponse, description="Body larger than the limit"),
         502: ResponseSpec(ErrorResponse, description="The engine failed"),
@@ -97,7 +128,10 @@ async def chat_completions(
     runtime: Runtime = state.runtime
     # The one place where a chat request's outcome is known, for the metrics and the
     # access log (which hears what the response's headers say once there is one).
-    facts = {"model": data.model}
+    caller: Caller = request.state.caller
+    facts = {"model": data.model, "tenant": caller.tenant}
+    if caller.key is not None:
+        facts["key"] = caller.key  # the key's name in the config, never the key
 
     def log_access(ended: Exchange, status: int, seconds: float) -> None:
         logs.access(ended, status, seconds, facts)
@@ -117,7 +151,47 @@ async def chat_completions(
         response.iterator = exchange.streamed(response.iterator)
     else:
         exchange.answered(response.status_code or 200)
+        if _wants_trace(request.headers) and response.status_code in (None, 200):
+            response = _traced(response, request.state.caller.tenant)
     return response.to_asgi_response(None, request)
+
+
+TRACE_HEADER = "x-satisfice-trace"
+
+
+def _wants_trace(headers: Any) -> bool:
+    return str(headers.get(TRACE_HEADER, "")).strip().lower() in ("1", "true", "yes")
+
+
+def _traced(response: Response[Any], tenant: str) -> Response[Any]:
+    """A plain answer with its decision trace added as the ``satisfice`` field, from
+    the headers that carry it; a loop answer already has its own."""
+    completion = msgspec.json.decode(response.content)
+    if "satisfice" in completion:
+        return response
+    said = {k.lower(): str(v) for k, v in response.headers.items()}
+
+    def number(header: str) -> float | None:
+        return float(said[header]) if header in said else None
+
+    engine = said.get("x-satisfice-engine")
+    cache = said.get(CACHE_HEADER)
+    served = cache in ("exact", "semantic", "coalesced")
+    decision = Decision(
+        tenant=tenant,
+        route=cache if served and cache else said.get("x-satisfice-route", engine or "unknown"),
+        engine=engine,
+        cache=cache,
+        similarity=number("x-satisfice-cache-similarity"),
+        difficulty=number("x-satisfice-difficulty"),
+        confidence=number("x-satisfice-confidence"),
+        failover=said.get("x-satisfice-failover"),
+    )
+    traced = msgspec.convert(completion, ChatCompletion)
+    body = TracedCompletion(**msgspec.structs.asdict(traced), satisfice=decision)
+    return Response(
+        msgspec.json.encode(body), media_type="application/json", headers=dict(response.headers)
+    )
 
 
 async def _chat(
@@ -126,7 +200,8 @@ async def _chat(
     data: ChatCompletionRequest,
     request: Request[Any, Any, Any],
 ) -> Response[Any]:
-    outcome = await handle(runtime, data, request.headers)
+    config, caller = _asked(request)
+    outcome = await handle(runtime, config, caller, data, request.headers)
     if isinstance(outcome, Served):
         exchange.routed(outcome.source)
         return _served(outcome, data)
@@ -138,16 +213,17 @@ async def _chat(
     headers = {**_trace_headers(call), CACHE_HEADER: outcome.cache}
     if outcome.superseded_ms is not None:
         headers[SUPERSEDED_HEADER] = f"{outcome.superseded_ms:.1f}"
-    if outcome.escalate is not None and runtime.loop is not None:
+    if outcome.escalate is not None:
         # The small engine's answer stands unless the calibrator doubts it.
+        loop = outcome.escalate.loop
         try:
-            generation, probability = await runtime.loop.draft(
+            generation, probability = await loop.draft(
                 call.engine, call.messages, call.params, call.deadline
             )
         except BaseException:
             outcome.finished(None)
             raise
-        threshold = runtime.loop.settings.escalate_below or 0.0
+        threshold = loop.settings.escalate_below or 0.0
         if probability < threshold:
             outcome.finished(None)
             return await _thought(runtime, exchange, outcome.escalate, outcome, data, request)
@@ -167,12 +243,14 @@ async def _chat(
             outcome.finished(None)
             raise
         outcome.finished(generation)
+        headers.update(_failover_headers())
         # Server-Timing lets a client tell the engine's time from the gateway's own.
         headers["Server-Timing"] = f"engine;dur={engine_seconds(generation) * 1000:.3f}"
         return Response(
             msgspec.json.encode(completion), media_type="application/json", headers=headers
         )
     body = await open_stream(call, outcome.finished)
+    headers.update(_failover_headers())
     headers["Cache-Control"] = "no-cache"
     return Stream(body, media_type="text/event-stream", headers=headers)
 
@@ -210,7 +288,6 @@ async def _thought(
     request: Request[Any, Any, Any],
 ) -> Response[Any]:
     """A hard question, answered by the reasoning loop."""
-    assert runtime.loop is not None
     exchange.routed("loop", think.deadline)
     keep = think.finished
 
@@ -221,7 +298,7 @@ async def _thought(
     think = msgspec.structs.replace(think, finished=finished)
     headers = {
         CACHE_HEADER: outcome.cache,
-        "x-satisfice-engine": runtime.loop.engine.name,
+        "x-satisfice-engine": think.loop.engine.name,
         "x-satisfice-route": "loop",
     }
     if think.difficulty is not None:
@@ -230,7 +307,7 @@ async def _thought(
         headers["x-satisfice-escalated-from"] = think.escalated_from
     if outcome.superseded_ms is not None:
         headers[SUPERSEDED_HEADER] = f"{outcome.superseded_ms:.1f}"
-    run = thinking.start(runtime.loop, think, runtime.turns)
+    run = thinking.start(think, runtime.turns)
     if data.stream:
         headers["Cache-Control"] = "no-cache"
         body = thinking.stream(think, run)
@@ -274,27 +351,44 @@ def _trace_headers(call: ChatCall) -> dict[str, str]:
     return headers
 
 
+def _failover_headers() -> dict[str, str]:
+    """The engine that answered instead of the one asked, which was unavailable."""
+    failover = failed_over()
+    if failover is None:
+        return {}
+    return {"x-satisfice-engine": failover.target, "x-satisfice-failover": failover.source}
+
+
 @post(
     "/v1/route",
     status_code=200,
     description="The routing decision for a chat request, explained, without generating.",
+    guards=[require_key],
     responses={
         400: ResponseSpec(ErrorResponse, description="Invalid request"),
+        **_KEY_ERRORS,
         404: ResponseSpec(ErrorResponse, description="Routing is turned off"),
         413: ResponseSpec(ErrorResponse, description="Body larger than the limit"),
         503: ResponseSpec(ErrorResponse, description="Not ready"),
     },
 )
-async def explain_route(data: ChatCompletionRequest, state: State) -> RouteDecision:
+async def explain_route(
+    data: ChatCompletionRequest, state: State, request: Request[Any, Any, Any]
+) -> RouteDecision:
     runtime = _runtime(state)
-    if runtime.router is None:
+    config, caller = _asked(request)
+    if runtime.router is None or config.router is None:
         raise unknown_model(AUTO_MODEL, runtime.engines, " (routing is turned off)")
     checked = check(msgspec.structs.replace(data, model=AUTO_MODEL), runtime.engines,
-                    runtime.config.server)  # fmt: skip
-    return await route(runtime, Embedded(runtime, last_user_turn(checked.messages)))
+                    config.server)  # fmt: skip
+    threshold = config.tenant(caller.tenant).router_threshold
+    embedded = Embedded(runtime, last_user_turn(checked.messages))
+    return await route(
+        runtime, embedded, config.router.threshold if threshold is None else threshold
+    )
 
 
-@get("/v1/models")
+@get("/v1/models", guards=[require_key], responses=_KEY_ERRORS)
 async def list_models(state: State) -> ModelList:
     runtime: Runtime = state.runtime
     names = [*runtime.engines, *([AUTO_MODEL] if runtime.router else [])]
@@ -324,7 +418,14 @@ async def readyz(state: State) -> Response[dict[str, object]]:
     return Response(body, status_code=200 if runtime.ready else 503)
 
 
-def create_app(config: GatewayConfig) -> Litestar:
+def create_app(
+    config: GatewayConfig,
+    config_path: Path | None = None,
+    adjust: Callable[[GatewayConfig], GatewayConfig] = lambda config: config,
+) -> Litestar:
+    """The app for ``config``, read from ``config_path`` (None: the embedded default),
+    which is reloaded on SIGHUP or change, through ``adjust`` (the command line's
+    overrides)."""
     runtime = Runtime(config)
     # The config's telemetry section wins over the standard OTEL_* variables.
     telemetry = config.telemetry or tracing.from_environment(os.environ)
@@ -334,9 +435,11 @@ def create_app(config: GatewayConfig) -> Litestar:
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
         # Load models in the background so /healthz answers while they load.
         loading = asyncio.create_task(runtime.start())
+        stop_reloading = start_reloading(runtime, config_path, adjust)
         try:
             yield
         finally:
+            stop_reloading()
             loading.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await loading

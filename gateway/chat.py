@@ -46,6 +46,14 @@ class Checked(msgspec.Struct, frozen=True, kw_only=True):
     messages: tuple[Message, ...]
     params: SamplingParams
     include_usage: bool
+    # The prompt's size by the gateway's estimate (see prompt_tokens_estimate).
+    prompt_tokens: int
+
+
+def prompt_tokens_estimate(messages: Sequence[Message]) -> int:
+    """About four UTF-8 bytes a token, the usual rule for English text: the gateway
+    has no tokenizer of each engine's, and the engine counts exactly anyway."""
+    return -(-sum(len(m.content.encode()) for m in messages) // 4)
 
 
 class ChatCall(msgspec.Struct, frozen=True, kw_only=True):
@@ -103,10 +111,21 @@ def check(
         logprobs=bool(request.logprobs),
         top_logprobs=request.top_logprobs or 0,
     )
+    messages = _messages(request.messages)
+    prompt_tokens = prompt_tokens_estimate(messages)
+    if limits.max_prompt_tokens is not None and prompt_tokens > limits.max_prompt_tokens:
+        raise APIError(
+            400,
+            f"the prompt is about {prompt_tokens} tokens (UTF-8 bytes / 4); this gateway "
+            f"allows at most {limits.max_prompt_tokens}",
+            param="messages",
+            code="context_length_exceeded",
+        )
     return Checked(
-        messages=_messages(request.messages),
+        messages=messages,
         params=params,
         include_usage=bool(request.stream_options and request.stream_options.include_usage),
+        prompt_tokens=prompt_tokens,
     )
 
 

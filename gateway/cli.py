@@ -9,6 +9,7 @@ from pathlib import Path
 import msgspec
 
 from evaluator.calibration import CalibratorFileError, calibrator_file, read_calibrator
+from gateway.auth import KeyTable, hash_key
 from gateway.cache_commands import add_commands as add_cache_commands
 from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.config_docs import render_reference
@@ -24,16 +25,21 @@ def _serve(args: argparse.Namespace) -> int:
 
     from gateway.app import create_app
 
-    config = load_config(args.config)
-    server = msgspec.structs.replace(
-        config.server,
-        host=args.host or config.server.host,
-        port=config.server.port if args.port is None else args.port,
-    )
-    config = msgspec.structs.replace(config, server=server)
+    def adjust(config: GatewayConfig) -> GatewayConfig:
+        """The command line's host and port over the file's, on each (re)load."""
+        server = msgspec.structs.replace(
+            config.server,
+            host=args.host or config.server.host,
+            port=config.server.port if args.port is None else args.port,
+        )
+        return msgspec.structs.replace(config, server=server)
+
+    config = adjust(load_config(args.config))
+    server = config.server
     configure_logging(server)
+    path = None if args.config is None else Path(args.config)
     uvicorn.run(
-        create_app(config),
+        create_app(config, path, adjust),
         host=server.host,
         port=server.port,
         log_level="info",
@@ -47,6 +53,7 @@ def _config_check(args: argparse.Namespace) -> int:
     config: GatewayConfig = load_config(args.file)
     if config.loop is not None and config.loop.calibrator is not None:
         read_calibrator(calibrator_file(config.loop.calibrator))
+    KeyTable(config.auth, config.server.admin_key)  # keys from the environment are set
     print(f"{args.file}: ok ({len(config.engines)} engines: {', '.join(config.engines)})")
     return 0
 
@@ -61,6 +68,15 @@ def _config_docs(args: argparse.Namespace) -> int:
         return 0
     Path(args.out).write_text(text, encoding="utf-8")
     print(f"wrote {args.out}")
+    return 0
+
+
+def _keys_hash(args: argparse.Namespace) -> int:
+    key = args.key if args.key is not None else sys.stdin.readline().strip()
+    if not key:
+        print("error: no key given (an argument, or one line on stdin)", file=sys.stderr)
+        return 2
+    print(hash_key(key))
     return 0
 
 
@@ -87,6 +103,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     docs.add_argument("--out", help="write it to this file instead of printing it")
     docs.set_defaults(run=_config_docs)
+
+    keys = commands.add_parser("keys", help="API keys")
+    keys_commands = keys.add_subparsers(dest="keys_command", required=True)
+    hashed = keys_commands.add_parser(
+        "hash", help="print a key's SHA-256, for auth.keys.<name>.sha256 in the config"
+    )
+    hashed.add_argument("key", nargs="?", help="the key (default: one line on stdin)")
+    hashed.set_defaults(run=_keys_hash)
 
     add_router_commands(commands)
     add_cache_commands(commands)

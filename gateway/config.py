@@ -48,6 +48,13 @@ class ServerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     # The key that opens /admin/*; when unset, the environment's SATISFICE_ADMIN_KEY,
     # and with neither the admin endpoints stay closed.
     admin_key: str | None = None
+    # Most prompt tokens one request may send, estimated as UTF-8 bytes / 4 over all
+    # messages (the engine still refuses a prompt longer than its context, counted
+    # exactly); null: no limit but the engine's.
+    max_prompt_tokens: Positive | None = 16_384
+    # How often the config file is checked for changes, which are then reloaded as on
+    # SIGHUP; null: only SIGHUP reloads it.
+    watch_interval_s: Annotated[float, msgspec.Meta(gt=0)] | None = 2.0
     # Log lines on stderr: `text` for people, `json` (one object per line, with the
     # request id and an access line per chat completion) for log collectors.
     log_format: Literal["text", "json"] = "text"
@@ -56,14 +63,9 @@ class ServerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
 Milliseconds = Annotated[int, msgspec.Meta(ge=1)]
 
 
-class TenantSLA(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """One tenant's own deadlines and fallback; what it leaves out comes from ``sla``."""
-
-    # Per tier (engine name), this tenant's deadline; a tier not listed keeps
-    # sla.deadline_ms.
-    deadline_ms: dict[str, Milliseconds] = {}
-    # This tenant's fallback; null: sla.fallback.
-    fallback: FallbackSettings | None = None
+Unit = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+# The tenant of every request when no API keys are configured.
+DEFAULT_TENANT = "default"
 
 
 class SLASettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -76,19 +78,66 @@ class SLASettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     deadline_ms: dict[str, Milliseconds] = {}
     # What answers at the deadline, for every tenant without a fallback of its own.
     fallback: FallbackSettings = FallbackSettings()
-    # Per tenant name: deadlines and a fallback that replace the ones above. Requests
-    # do not name a tenant yet: every one is tenant "default".
-    tenants: dict[str, TenantSLA] = {}
 
-    def deadline_for(self, tenant: str, tier: str) -> int | None:
-        own = self.tenants.get(tenant)
-        if own is not None and tier in own.deadline_ms:
-            return own.deadline_ms[tier]
-        return self.deadline_ms.get(tier)
 
-    def fallback_for(self, tenant: str) -> FallbackSettings:
-        own = self.tenants.get(tenant)
-        return own.fallback if own is not None and own.fallback is not None else self.fallback
+class TenantSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One tenant's own thresholds, deadlines and fallback; each one left out (null)
+    is the config's own."""
+
+    # Difficulty at or above which the router sends this tenant's requests to the
+    # large engine; null: router.threshold.
+    router_threshold: float | None = None
+    # Calibrated P(correct) that ends the loop for this tenant; null: loop.threshold.
+    loop_threshold: Unit | None = None
+    # Cosine similarity this tenant's cached prompts need to be served; null:
+    # cache.similarity_threshold.
+    similarity_threshold: Unit | None = None
+    # Per tier (engine name), this tenant's deadline; a tier not listed keeps
+    # sla.deadline_ms.
+    deadline_ms: dict[str, Milliseconds] = {}
+    # This tenant's fallback at the deadline; null: sla.fallback.
+    fallback: FallbackSettings | None = None
+
+
+_NO_OVERRIDES = TenantSettings()
+_TENANT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+Sha256 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+
+
+class KeySettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One API key: who it speaks for, what it may do and how fast."""
+
+    # Hex SHA-256 of the key (`satisfice keys hash` prints it): the key itself need
+    # not be in the file. Exactly one of sha256 and env.
+    sha256: Sha256 | None = None
+    # Or the name of an environment variable holding the key, read and hashed when
+    # the config is loaded.
+    env: str | None = None
+    # The tenant this key's requests belong to: its cache namespace and overrides.
+    tenant: str = DEFAULT_TENANT
+    # May call /admin/* (a key without it gets 403 there).
+    admin: bool = False
+    # Requests per minute; one more gets 429 with Retry-After. null: no limit.
+    requests_per_minute: Positive | None = None
+    # Tokens per minute, charged when a request is admitted: its prompt's estimate
+    # plus its max_tokens, so a refusal comes before any work. null: no limit.
+    tokens_per_minute: Positive | None = None
+
+    def __post_init__(self) -> None:
+        if (self.sha256 is None) == (self.env is None):
+            raise ValueError("set exactly one of sha256 and env")
+
+
+class AuthSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """API keys. With none configured the API is open and every request is tenant
+    "default"; with any, /v1/* needs one (401 without)."""
+
+    # API keys by name; the name, never the key, is what logs and metrics show.
+    keys: dict[str, KeySettings] = {}
+    # Redis URL where per-key rate limits are counted, shared by every replica; null:
+    # the cache's Redis when cache.store.kind is redis, else this process alone.
+    rate_limit_url: str | None = None
 
 
 class GatewayConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -110,8 +159,12 @@ class GatewayConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     # OpenTelemetry traces over OTLP/HTTP. Null: none, unless the standard
     # OTEL_EXPORTER_OTLP_ENDPOINT (or ..._TRACES_ENDPOINT) is set; this section wins over it.
     telemetry: TelemetrySettings | None = None
-    # Deadlines by tier and tenant, and what answers when one runs out.
+    # Deadlines by tier, and what answers when one runs out.
     sla: SLASettings = SLASettings()
+    # Per tenant name: thresholds, deadlines and fallback that replace the ones above.
+    tenants: dict[str, TenantSettings] = {}
+    # API keys, the tenant each speaks for, and their rate limits.
+    auth: AuthSettings = AuthSettings()
 
     def __post_init__(self) -> None:
         if not self.engines:
@@ -122,18 +175,44 @@ class GatewayConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
             for tier in (self.router.small_engine, self.router.large_engine):
                 if tier not in self.engines:
                     raise ValueError(f"router: engine {tier!r} is not configured under engines")
+        for name, engine in self.engines.items():
+            if engine.fallback is not None and engine.fallback not in self.engines:
+                raise ValueError(f"engines.{name}.fallback: {engine.fallback!r} is not an engine")
+            if engine.fallback == name:
+                raise ValueError(f"engines.{name}.fallback: an engine cannot be its own fallback")
         if self.loop is not None and self.router is None:
             raise ValueError("loop: needs a router, which decides what is hard")
         tiers = [("sla.deadline_ms", t) for t in self.sla.deadline_ms] + [
-            (f"sla.tenants.{name}.deadline_ms", t)
-            for name, tenant in self.sla.tenants.items()
+            (f"tenants.{name}.deadline_ms", t)
+            for name, tenant in self.tenants.items()
             for t in tenant.deadline_ms
         ]
+        # A tenant begins each cache namespace key (tenant:model:...): a colon in its
+        # name could make two tenants' keys meet.
+        tenant_names = [(f"tenants.{name}", name) for name in self.tenants] + [
+            (f"auth.keys.{name}.tenant", key.tenant) for name, key in self.auth.keys.items()
+        ]
+        for where, name in tenant_names:
+            if not _TENANT_NAME.fullmatch(name):
+                raise ValueError(
+                    f"{where}: tenant {name!r} must be letters, digits, '_', '-' or '.'"
+                )
         for where, tier in tiers:
             if tier not in self.engines:
                 raise ValueError(f"{where}: {tier!r} is not an engine under engines")
         if self.server.default_max_tokens > self.server.max_tokens_cap:
             raise ValueError("server.default_max_tokens must not exceed server.max_tokens_cap")
+
+    def tenant(self, name: str) -> TenantSettings:
+        """The overrides of tenant ``name``; none for a tenant the config does not list."""
+        return self.tenants.get(name, _NO_OVERRIDES)
+
+    def deadline_ms(self, tenant: str, tier: str) -> int | None:
+        own = self.tenant(tenant).deadline_ms
+        return own[tier] if tier in own else self.sla.deadline_ms.get(tier)
+
+    def fallback(self, tenant: str) -> FallbackSettings:
+        return self.tenant(tenant).fallback or self.sla.fallback
 
 
 class ConfigError(ValueError):

@@ -51,13 +51,27 @@ expected, and nothing of a refused file is applied:
 invalid config: my.yaml: engines.small.concurrency = 'two': Expected `int`, got `str`
 ```
 
+**Hot reload.** The file is read again on `SIGHUP` (`kill -HUP <pid>`) and, every
+`server.watch_interval_s`, when its bytes change (an edit, a replaced Kubernetes
+ConfigMap). The new file is validated whole first; if it passes, it is put in force
+in one step between requests, and requests already running finish on the config they
+started with. A file that fails, or that changes what the process was built from
+(`engines`, `embedder`, `models_dir`, `server.host`/`port`/`max_body_bytes`/
+`log_format`/`watch_interval_s`, turning `router`, `cache` or `loop` on or off,
+`router.model_file`/`small_engine`/`large_engine`, `cache.store`, `cache.index`,
+`loop.calibrator`, `auth.rate_limit_url`), is refused as a whole: the last good
+config stays, the log says why and `satisfice_config_reloads_total{{result="failure"}}`
+counts it. Thresholds, deadlines, fallbacks, tenants, keys, rate and request limits
+and the cache's and loop's tuning all change without a restart.
+
 `satisfice config check FILE` validates a file without serving (it also reads the
 loop's calibrator file). A few rules span sections and are checked once the file is
 decoded: at least one engine is configured and none is named `auto` (that name asks
 the router to choose); `router.small_engine`, `router.large_engine` and every tier
-under `sla.deadline_ms` and `sla.tenants.<name>.deadline_ms` name an engine under
+under `sla.deadline_ms` and `tenants.<name>.deadline_ms` name an engine under
 `engines`; `loop` needs `router`; `server.default_max_tokens` does not exceed
-`server.max_tokens_cap`.
+`server.max_tokens_cap`; tenant names are letters, digits, `_`, `-` and `.`; an
+`auth.keys.<name>.env` variable is set when the config is loaded.
 
 How to read the tables: `<name>` in a key path stands for a name you choose (an engine,
 a tenant); a type `dict[str, T]` is a mapping of such names to `T`; `null` is YAML's

@@ -18,7 +18,9 @@ from prometheus_client.registry import Collector
 
 from cache.semantic_cache import SemanticCache
 from engines.base import Engine, EngineError
+from engines.failover import FailoverEngine
 from engines.fanout import FanOutEngine
+from engines.openai_http import OpenAIHTTPEngine
 from evaluator.loop import LoopResult
 from gateway.errors import APIError
 
@@ -100,7 +102,8 @@ class Metrics:
         )
         self.config_reloads = Counter(
             "satisfice_config_reloads",
-            "Config reloads by result; hot reload is not implemented yet, so always 0",
+            "Config reloads (SIGHUP or a changed file) by result: success, or failure "
+            "(the last good config stayed)",
             ["result"],
             registry=registry,
         )
@@ -114,6 +117,9 @@ class Metrics:
     def refused(self, status: int) -> None:
         """A chat request refused before the handler ran (its body unreadable)."""
         self.requests.labels(route=NO_ROUTE, status=str(status)).inc()
+
+    def reloaded(self, *, ok: bool) -> None:
+        self.config_reloads.labels(result="success" if ok else "failure").inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -240,7 +246,29 @@ class _Collected(Collector):
             "429/503); a client hears 429 unless the loop had an answer already",
             labels=["engine"],
         )
+        breaker_open = GaugeMetricFamily(
+            "satisfice_engine_breaker_open",
+            "1 while the engine's circuit breaker is open or half-open (calls fail at once "
+            "or one trial call probes the server), 0 while closed",
+            labels=["engine"],
+        )
+        breaker_opens = CounterMetricFamily(
+            "satisfice_engine_breaker_opens",
+            "Times the engine's circuit breaker opened after consecutive failures",
+            labels=["engine"],
+        )
+        failovers = CounterMetricFamily(
+            "satisfice_engine_failovers",
+            "Requests for the engine that its fallback engine answered while it was unavailable",
+            labels=["engine", "fallback"],
+        )
         for name, engine in self._engines.items():
+            if isinstance(engine, FailoverEngine):
+                failovers.add_metric([name, engine.fallback.name], engine.failovers)
+                engine = engine.primary
+            if isinstance(engine, OpenAIHTTPEngine) and engine.breaker is not None:
+                breaker_open.add_metric([name], float(engine.breaker.state != "closed"))
+                breaker_opens.add_metric([name], engine.breaker.opened)
             if not isinstance(engine, FanOutEngine):
                 continue
             counters = engine.counters
@@ -248,7 +276,7 @@ class _Collected(Collector):
             tokens.add_metric([name, "completion"], counters.completion_tokens)
             waiting.add_metric([name], engine.waiting)
             overloads.add_metric([name], counters.overloads)
-        yield from (tokens, waiting, overloads)
+        yield from (tokens, waiting, overloads, breaker_open, breaker_opens, failovers)
 
     @staticmethod
     def _cache_metrics(cache: SemanticCache) -> Iterator[Metric]:

@@ -110,6 +110,26 @@ class ThoughtCompletion(ChatCompletion, frozen=True, kw_only=True):
     satisfice: LoopTrace
 
 
+class Decision(Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Why a (non-loop) answer came from where it did: what the x-satisfice-* headers
+    say, as one object, for a client that asks with ``x-satisfice-trace: true``."""
+
+    tenant: str
+    route: str  # exact, semantic, coalesced, or the tier / engine that generated it
+    engine: str | None = None  # the engine whose answer it is
+    cache: str | None = None  # exact | semantic | coalesced | miss | bypass | off
+    similarity: float | None = None  # of a semantic hit's cached prompt
+    difficulty: float | None = None  # the router's score, for model "auto"
+    confidence: float | None = None  # P(correct) of a small answer the loop kept
+    failover: str | None = None  # the unavailable engine this one stood in for
+
+
+class TracedCompletion(ChatCompletion, frozen=True, kw_only=True):
+    """A completion with its decision trace (clients ignore the extra field)."""
+
+    satisfice: Decision
+
+
 class ChunkDelta(Struct, frozen=True, omit_defaults=True):
     role: Literal["assistant"] | None = None
     content: str | None = None

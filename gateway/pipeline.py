@@ -22,6 +22,7 @@ from cache.semantic_cache import Hit, SemanticCache
 from cache.settings import CacheSettings
 from engines.base import Generation, Message
 from evaluator.loop import LoopResult
+from gateway.auth import Caller
 from gateway.chat import (
     Answer,
     ChatCall,
@@ -33,7 +34,7 @@ from gateway.chat import (
     new_id,
     unknown_model,
 )
-from gateway.config import AUTO_MODEL
+from gateway.config import AUTO_MODEL, GatewayConfig
 from gateway.errors import APIError
 from gateway.openai_types import ChatCompletionRequest
 from gateway.runtime import Runtime
@@ -44,8 +45,6 @@ from router.router import RouteDecision
 log = logging.getLogger("satisfice.gateway")
 
 CACHE_HEADER = "x-satisfice-cache"
-# Until there is a tenant per API key, every request shares one tenant's namespace.
-DEFAULT_TENANT = "default"
 
 
 class CacheControl(msgspec.Struct, frozen=True):
@@ -80,6 +79,7 @@ class CachePlan(msgspec.Struct, frozen=True):
     prompt: str  # the last user turn: what semantic matching compares
     lookup: bool
     store: bool
+    settings: CacheSettings  # the request's config and its tenant's threshold
 
 
 def cache_plan(
@@ -88,6 +88,7 @@ def cache_plan(
     settings: CacheSettings,
     embedding_model: str,
     control: CacheControl,
+    tenant: str,
 ) -> CachePlan | None:
     """How the cache takes part in a request; None when the request cannot use it."""
     params = checked.params
@@ -98,8 +99,9 @@ def cache_plan(
         return None
     if request.temperature and not settings.cache_sampled:
         return None
+    # The tenant scopes every key: no tenant reads or writes another's entries.
     namespace = Namespace(
-        tenant=DEFAULT_TENANT,
+        tenant=tenant,
         model=request.model,
         context=context_fingerprint([(m.role, m.content) for m in checked.messages[:-1]]),
         embedding=embedding_model,
@@ -112,7 +114,7 @@ def cache_plan(
             presence_penalty=params.presence_penalty,
         ),
     )
-    return CachePlan(namespace, last.content, control.lookup, control.store)
+    return CachePlan(namespace, last.content, control.lookup, control.store, settings)
 
 
 class Served(msgspec.Struct, frozen=True, kw_only=True):
@@ -148,20 +150,35 @@ class Thought(msgspec.Struct, frozen=True, kw_only=True):
 
 
 async def handle(
-    runtime: Runtime, request: ChatCompletionRequest, headers: Mapping[str, str]
+    runtime: Runtime,
+    config: GatewayConfig,
+    caller: Caller,
+    request: ChatCompletionRequest,
+    headers: Mapping[str, str],
 ) -> Served | Dispatch | Thought:
+    """``config`` is the one in force when the request arrived: a reload during the
+    request changes nothing about it."""
     arrived = time.monotonic()
-    checked = check(request, runtime.engines, runtime.config.server)
+    checked = check(request, runtime.engines, config.server)
     if request.model == AUTO_MODEL and runtime.router is None:
         raise unknown_model(request.model, runtime.engines, " (routing is turned off)")
     asked_ms = requested_deadline_ms(headers)
+    if caller.limits is not None:
+        await runtime.limiter.admit(
+            caller.key or "", caller.limits, checked.prompt_tokens + checked.params.max_tokens
+        )
+    tenant = caller.tenant
     # A new turn stops the last one's thinking before anything else: it may be asking
     # the same engines.
-    conversation = conversation_key(DEFAULT_TENANT, headers, request.user)
+    conversation = conversation_key(tenant, headers, request.user)
     superseded_ms = await runtime.turns.supersede(conversation)
     cache, plan, control = runtime.cache, None, cache_control(headers)
-    if cache is not None:
-        plan = cache_plan(request, checked, cache.settings, runtime.embedding_model, control)
+    if cache is not None and config.cache is not None:
+        settings = config.cache
+        own = config.tenant(tenant).similarity_threshold
+        if own is not None:
+            settings = msgspec.structs.replace(settings, similarity_threshold=own)
+        plan = cache_plan(request, checked, settings, runtime.embedding_model, control, tenant)
     embedded = Embedded(runtime, last_user_turn(checked.messages))
 
     status: CacheStatus = "off" if cache is None else "bypass"
@@ -179,10 +196,14 @@ async def handle(
             code="cache_miss",
         )
 
-    decision = await route(runtime, embedded) if request.model == AUTO_MODEL else None
+    threshold = config.tenant(tenant).router_threshold
+    if threshold is None and config.router is not None:
+        threshold = config.router.threshold  # null: the model file's
+    decision = None
+    if request.model == AUTO_MODEL:
+        decision = await route(runtime, embedded, threshold)
     engine = runtime.engines[decision.engine if decision else request.model]
-    sla = runtime.config.sla
-    limits = [sla.deadline_for(DEFAULT_TENANT, engine.name), asked_ms]
+    limits = [config.deadline_ms(tenant, engine.name), asked_ms]
     deadline_ms = min((ms for ms in limits if ms is not None), default=None)
     deadline = None if deadline_ms is None else arrived + deadline_ms / 1000
 
@@ -192,7 +213,7 @@ async def handle(
         flight, leads = runtime.flights.join(key)
         if not leads:
             limit_s = None if deadline is None else max(0.0, deadline - time.monotonic())
-            served = await _follow(flight, runtime.config.engines[engine.name].timeout_s, limit_s)
+            served = await _follow(flight, config.engines[engine.name].timeout_s, limit_s)
             if served is not None:
                 return served
             flight = None  # the leader got no answer: this request makes its own
@@ -200,7 +221,9 @@ async def handle(
     storing = cache is not None and plan is not None and plan.store
     tier = decision.tier if decision is not None else engine.name
     keep = _Keeper(runtime, plan if storing else None, embedded, tier, flight)
-    think = _think(runtime, request, checked, decision, conversation, keep, arrived, asked_ms)
+    think = _think(
+        runtime, config, tenant, request, checked, decision, conversation, keep, arrived, asked_ms
+    )
     if think is not None and think.escalated_from is None:
         return Thought(think=think, cache=status, superseded_ms=superseded_ms)
     call = new_call(
@@ -217,6 +240,8 @@ async def handle(
 
 def _think(
     runtime: Runtime,
+    config: GatewayConfig,
+    tenant: str,
     request: ChatCompletionRequest,
     checked: Checked,
     decision: RouteDecision | None,
@@ -231,12 +256,19 @@ def _think(
     loop = runtime.loop
     if loop is None or decision is None or checked.params.n > 1 or checked.params.logprobs:
         return None
+    if config.loop is not None:
+        # The loop as this request's config and tenant tune it.
+        own = config.tenant(tenant).loop_threshold
+        settings = (
+            config.loop if own is None else msgspec.structs.replace(config.loop, threshold=own)
+        )
+        loop = loop.tuned(settings)
     escalated_from = None if decision.engine == loop.engine.name else decision.engine
     if escalated_from is not None and loop.settings.escalate_below is None:
         return None
     # The loop's own deadline, from the request's arrival, even when it takes over
     # from the small engine.
-    limits = [runtime.config.sla.deadline_for(DEFAULT_TENANT, loop.engine.name), asked_ms]
+    limits = [config.deadline_ms(tenant, loop.engine.name), asked_ms]
     deadline_ms = min((ms for ms in limits if ms is not None), default=None)
     return Think(
         id=new_id(),
@@ -246,7 +278,8 @@ def _think(
         include_usage=checked.include_usage,
         max_tokens=checked.params.max_tokens,
         deadline=None if deadline_ms is None else arrived + deadline_ms / 1000,
-        fallback=runtime.config.sla.fallback_for(DEFAULT_TENANT),
+        fallback=config.fallback(tenant),
+        loop=loop,
         difficulty=decision.score,
         conversation=conversation,
         escalated_from=escalated_from,
@@ -311,7 +344,7 @@ class _Keeper:
 async def _from_cache(
     cache: SemanticCache, plan: CachePlan, embedded: Embedded, max_tokens: int
 ) -> Served | None:
-    found, _ = await cache.lookup(plan.namespace, plan.prompt, embedded.get)
+    found, _ = await cache.lookup(plan.namespace, plan.prompt, embedded.get, plan.settings)
     # An answer longer than the client allows is not its answer.
     if not isinstance(found, Hit) or found.entry.completion_tokens > max_tokens:
         return None
@@ -339,10 +372,12 @@ async def _follow(
     return Served(answer=shared.answer, source="coalesced", engine=shared.engine)
 
 
-async def route(runtime: Runtime, embedded: Embedded) -> RouteDecision:
+async def route(
+    runtime: Runtime, embedded: Embedded, threshold: float | None = None
+) -> RouteDecision:
     assert runtime.router is not None
     embedding = await embedded.get()
-    return await runtime.router.decide(embedded.text, embedding, embedded.ms)
+    return await runtime.router.decide(embedded.text, embedding, embedded.ms, threshold)
 
 
 def confidence(generation: Generation) -> float:

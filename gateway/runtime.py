@@ -9,11 +9,15 @@ from pathlib import Path
 from cache import create_store
 from cache.coalesce import Coalescer
 from cache.semantic_cache import SemanticCache
+from cache.settings import RedisStoreSettings
 from engines import Engine, create_engine
+from engines.failover import FailoverEngine
 from evaluator.calibration import calibrator_file, read_calibrator
 from evaluator.loop import ReasoningLoop
+from gateway.auth import KeyTable
 from gateway.chat import EngineAnswer
 from gateway.config import GatewayConfig
+from gateway.limits import MemoryCounters, RateLimiter, RedisCounters
 from gateway.metrics import Metrics
 from gateway.thinking import Turns
 from router.embedder import Embedder
@@ -26,12 +30,21 @@ class Runtime:
     """Engines by model name, the embedder, router and cache; ready once all have loaded."""
 
     def __init__(self, config: GatewayConfig) -> None:
+        # The config now in force, and its keys: replaced whole by apply() on a reload;
+        # a request reads them once, at its start, and keeps them to its end.
         self.config = config
+        self.keys = KeyTable(config.auth, config.server.admin_key)
         models_dir = Path(config.models_dir).expanduser()
-        self.engines: dict[str, Engine] = {
+        built = {
             name: create_engine(name, settings, models_dir)
             for name, settings in config.engines.items()
         }
+        # An engine with a fallback is served through it while unavailable.
+        self.engines: dict[str, Engine] = {
+            name: engine if (spare := config.engines[name].fallback) is None
+            else FailoverEngine(engine, built[spare])
+            for name, engine in built.items()
+        }  # fmt: skip
         # One embedder serves the cache and the router: a prompt is embedded once.
         needs_embedder = config.router is not None or config.cache is not None
         self.embedder = Embedder(config.embedder) if needs_embedder else None
@@ -52,6 +65,7 @@ class Runtime:
                 calibrator,
                 small=self.engines[config.router.small_engine],
             )
+        self.limiter = RateLimiter(_counters(config))
         self.metrics = Metrics(self.engines, self.cache)
         self.turns = Turns()
         self.flights: Coalescer[EngineAnswer] = Coalescer()
@@ -59,6 +73,20 @@ class Runtime:
         self.background: set[asyncio.Task[object]] = set()
         self.ready = False
         self.failure: str | None = None
+
+    def apply(self, config: GatewayConfig, keys: KeyTable) -> None:
+        """Put a reloaded config in force for the requests that start from now on.
+
+        One synchronous step, so no request sees half of it. ``config`` differs from
+        the one in force only in what can change while serving (gateway.reload)."""
+        self.config, self.keys = config, keys
+        if self.router is not None and config.router is not None:
+            self.router.settings = config.router
+        if self.cache is not None and config.cache is not None:
+            self.cache.settings = config.cache
+        if self.loop is not None and config.loop is not None:
+            # A running loop keeps the copy it started with.
+            self.loop = self.loop.tuned(config.loop)
 
     @property
     def embedding_model(self) -> str:
@@ -94,8 +122,18 @@ class Runtime:
         if self.background:
             await asyncio.wait(self.background, timeout=5)
         closing = [engine.close() for engine in self.engines.values()]
+        closing.append(self.limiter.close())
         if self.cache is not None:
             closing.append(self.cache.close())
         if self.embedder is not None:
             closing.append(self.embedder.close())
         await asyncio.gather(*closing)
+
+
+def _counters(config: GatewayConfig) -> MemoryCounters | RedisCounters:
+    """Where rate limits are counted: auth.rate_limit_url, else the cache's Redis."""
+    url = config.auth.rate_limit_url
+    store = config.cache.store if config.cache is not None else None
+    if url is None and isinstance(store, RedisStoreSettings):
+        return RedisCounters(store.url, store.key_prefix)
+    return MemoryCounters() if url is None else RedisCounters(url)

@@ -155,10 +155,12 @@ class Think(msgspec.Struct, frozen=True, kw_only=True):
     escalated_from: str | None = None
     # Hears the result (None if there was none) to write an answer back to the cache.
     finished: Callable[[LoopResult | None], None]
+    # The loop as the request's config and tenant tune it.
+    loop: ReasoningLoop
 
 
-def start(loop: ReasoningLoop, think: Think, turns: Turns) -> LoopRun:
-    events = loop.run(
+def start(think: Think, turns: Turns) -> LoopRun:
+    events = think.loop.run(
         think.messages,
         deadline=think.deadline,
         fallback=think.fallback,

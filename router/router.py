@@ -56,8 +56,15 @@ class Router:
         assert self.model is not None, "router is not started"
         return self.model.threshold
 
-    async def decide(self, prompt: str, embedding: Embedding, embedding_ms: float) -> RouteDecision:
-        """Route one prompt whose embedding the caller already has."""
+    async def decide(
+        self,
+        prompt: str,
+        embedding: Embedding,
+        embedding_ms: float,
+        threshold: float | None = None,
+    ) -> RouteDecision:
+        """Route one prompt whose embedding the caller already has, against
+        ``threshold`` (a tenant's own) or the router's."""
         assert self.model is not None, "router is not started"
         if embedding.model != self.model.embedding:
             raise ValueError(
@@ -67,12 +74,13 @@ class Router:
         started = time.perf_counter()
         # FAISS search is blocking work; it stays off the event loop.
         score, neighbours = await asyncio.to_thread(self._score, prompt, embedding.vector)
-        tier: Tier = "large" if score >= self.threshold else "small"
+        threshold = self.threshold if threshold is None else threshold
+        tier: Tier = "large" if score >= threshold else "small"
         return RouteDecision(
             tier=tier,
             engine=self.settings.large_engine if tier == "large" else self.settings.small_engine,
             score=score,
-            threshold=self.threshold,
+            threshold=threshold,
             neighbours=neighbours,
             embedding_ms=embedding_ms,
             scoring_ms=(time.perf_counter() - started) * 1000,

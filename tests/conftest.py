@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import IO
 
 import httpx
 import pytest
@@ -51,15 +52,22 @@ def stop(process: subprocess.Popen[bytes]) -> None:
         process.wait()
 
 
-def start_gateway(config_text: str, directory: Path) -> tuple[str, subprocess.Popen[bytes]]:
-    """A real `satisfice serve` process on a free port with this config, once ready."""
+def start_gateway(
+    config_text: str,
+    directory: Path,
+    *,
+    env: dict[str, str] | None = None,
+    stderr: IO[bytes] | None = None,
+) -> tuple[str, subprocess.Popen[bytes]]:
+    """A real `satisfice serve` process on a free port with this config, once ready;
+    ``config_file(process)`` is the file it reads (and reloads)."""
     config = directory / f"satisfice-{uuid.uuid4().hex[:6]}.yaml"
     config.write_text(config_text)
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config),
          "--port", str(port)],
-        cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, stderr=stderr,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
@@ -117,6 +125,12 @@ async def embedder() -> AsyncIterator[Embedder]:
 
 # Both bundled models as a test gateway's engines, the large one's answers cut at the
 # end of their line by its template's stops.
+def config_file(process: subprocess.Popen[bytes]) -> Path:
+    """The --config file of a gateway that start_gateway started."""
+    args = [str(arg) for arg in process.args]  # type: ignore[union-attr]
+    return Path(args[args.index("--config") + 1])
+
+
 BUNDLED_ENGINES = """
 engines:
   small:

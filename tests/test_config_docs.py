@@ -141,7 +141,7 @@ def test_types_and_constraints_are_readable(reference: str) -> None:
     assert loop["hard_branches"][1:4] == ["int | null", "`null`", "≥ 1"]
     store = _rows(_section_text(reference, by_title["`cache`"]))["store"]
     assert store[2] == "`{kind: memory}`"
-    assert "Also at `sla.tenants.<name>.fallback`." in _section_text(
+    assert "Also at `tenants.<name>.fallback`." in _section_text(
         reference, by_title["`sla.fallback`"]
     )
 
@@ -201,7 +201,9 @@ engines:
         ENGINES + "router: {small_engine: tiny}\n",
         ENGINES + "router: {large_engine: huge}\n",
         ENGINES + "sla: {deadline_ms: {huge: 100}}\n",
-        ENGINES + "sla: {tenants: {acme: {deadline_ms: {huge: 100}}}}\n",
+        ENGINES + "tenants: {acme: {deadline_ms: {huge: 100}}}\n",
+        ENGINES + "tenants: {'a:b': {}}\n",
+        ENGINES + "auth: {keys: {k: {env: SATISFICE_TEST_UNSET_KEY, tenant: 'a b'}}}\n",
         ENGINES + "loop: {}\n",
         ENGINES + "server: {max_tokens_cap: 10, default_max_tokens: 20}\n",
     ],

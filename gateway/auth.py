@@ -1,0 +1,129 @@
+"""Who is calling: an API key, kept only as its SHA-256, names a key and its tenant.
+
+API keys are random tokens, not passwords: one SHA-256 of a key is as hard to
+reverse as the key is to guess, so a slow password hash would only slow requests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from collections.abc import Mapping
+
+import msgspec
+
+from gateway.config import DEFAULT_TENANT, AuthSettings, ConfigError, KeySettings
+from gateway.errors import APIError
+
+ADMIN_KEY_ENV = "SATISFICE_ADMIN_KEY"
+
+
+class Caller(msgspec.Struct, frozen=True, kw_only=True):
+    """The key a request came with (None when the API is open) and what it may do."""
+
+    key: str | None
+    tenant: str
+    admin: bool = False
+    limits: KeySettings | None = None
+
+
+OPEN = Caller(key=None, tenant=DEFAULT_TENANT)
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class KeyTable:
+    """The configured keys by hash, and the admin key, as one config defines them."""
+
+    def __init__(
+        self, auth: AuthSettings, admin_key: str | None, environ: Mapping[str, str] = os.environ
+    ) -> None:
+        self._callers: dict[str, Caller] = {}
+        for name, settings in auth.keys.items():
+            digest = settings.sha256
+            if settings.env is not None:
+                key = environ.get(settings.env, "")
+                if not key:
+                    raise ConfigError(
+                        f"auth.keys.{name}.env: the environment variable {settings.env} "
+                        "is not set or empty"
+                    )
+                digest = hash_key(key)
+            assert digest is not None  # KeySettings insists on sha256 or env
+            if digest in self._callers:
+                raise ConfigError(
+                    f"auth.keys.{name}: the same key as auth.keys.{self._callers[digest].key}"
+                )
+            self._callers[digest] = Caller(
+                key=name, tenant=settings.tenant, admin=settings.admin, limits=settings
+            )
+        admin = admin_key or environ.get(ADMIN_KEY_ENV) or None
+        self._admin_digest = None if admin is None else hash_key(admin)
+
+    @property
+    def open(self) -> bool:
+        """No keys configured: anyone may call the API, as tenant "default"."""
+        return not self._callers
+
+    def caller(self, headers: Mapping[str, str]) -> Caller:
+        """The caller of an API request; 401 without a known key (when keys exist)."""
+        if self.open:
+            return OPEN
+        caller = self._known(headers)
+        if caller is None:
+            raise APIError(
+                401,
+                "an API key is required: send one as 'Authorization: Bearer <key>'"
+                if _token(headers) is None
+                else "the API key is not valid",
+                type="authentication_error",
+                code="invalid_api_key",
+            )
+        return caller
+
+    def admin(self, headers: Mapping[str, str]) -> None:
+        """Let an admin through: the admin key, or an API key with ``admin: true``.
+        403 when nothing could open the admin endpoints or the key lacks the right,
+        401 without a known key."""
+        if self._admin_digest is None and not any(c.admin for c in self._callers.values()):
+            raise APIError(
+                403,
+                f"admin endpoints are closed: set server.admin_key or {ADMIN_KEY_ENV}, or "
+                "give an API key admin: true",
+                type="permission_error",
+                code="admin_closed",
+            )
+        token = _token(headers)
+        digest = None if token is None else hash_key(token)
+        admin = self._admin_digest
+        if digest is not None and admin is not None and hmac.compare_digest(digest, admin):
+            return
+        caller = self._known(headers)
+        if caller is None:
+            raise APIError(
+                401,
+                "an admin key is required: send it as 'Authorization: Bearer <key>'",
+                type="authentication_error",
+                code="invalid_admin_key",
+            )
+        if not caller.admin:
+            raise APIError(
+                403,
+                f"the API key {caller.key!r} may not use admin endpoints",
+                type="permission_error",
+                code="not_admin",
+            )
+
+    def _known(self, headers: Mapping[str, str]) -> Caller | None:
+        token = _token(headers)
+        # A dict lookup by digest: comparing digests leaks nothing about the key.
+        return None if token is None else self._callers.get(hash_key(token))
+
+
+def _token(headers: Mapping[str, str]) -> str | None:
+    scheme, _, token = headers.get("authorization", "").partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
