@@ -59,7 +59,7 @@ started with. A file that fails, or that changes what the process was built from
 (`engines`, `embedder`, `models_dir`, `server.host`/`port`/`max_body_bytes`/
 `log_format`/`watch_interval_s`, turning `router`, `cache` or `loop` on or off,
 `router.model_file`/`small_engine`/`large_engine`, `cache.store`, `cache.index`,
-`loop.calibrator`, `auth.rate_limit_url`), is refused as a whole: the last good
+`loop.calibrator`, `auth.rate_limit_url`, `telemetry`), is refused as a whole: the last good
 config stays, the log says why and `satisfice_config_reloads_total{{result="failure"}}`
 counts it. Thresholds, deadlines, fallbacks, tenants, keys, rate and request limits
 and the cache's and loop's tuning all change without a restart.

@@ -46,6 +46,7 @@ _RESTART_ONLY: dict[str, Callable[[GatewayConfig], Any]] = {
     "loop (on or off)": lambda c: c.loop is None,
     "loop.calibrator": lambda c: c.loop and c.loop.calibrator,
     "auth.rate_limit_url": lambda c: c.auth.rate_limit_url,
+    "telemetry": lambda c: c.telemetry,
 }
 
 
