@@ -60,16 +60,22 @@ def from_environment(environ: Mapping[str, str]) -> TelemetrySettings | None:
     ``telemetry``: ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` as it is, else
     ``OTEL_EXPORTER_OTLP_ENDPOINT`` with ``/v1/traces`` added, as the OTLP
     specification reads them; ``OTEL_SERVICE_NAME`` names the service. None when
-    neither endpoint is set."""
-    endpoint = environ.get(TRACES_ENDPOINT_ENV) or None
-    if endpoint is None and environ.get(ENDPOINT_ENV):
-        endpoint = environ[ENDPOINT_ENV].rstrip("/") + "/v1/traces"
-    if endpoint is None:
+    neither endpoint is set; a ConfigError naming the variable when one is not a URL."""
+    from gateway.config import ConfigError  # which imports this module
+
+    variable = TRACES_ENDPOINT_ENV if environ.get(TRACES_ENDPOINT_ENV) else ENDPOINT_ENV
+    if not environ.get(variable):
         return None
-    return msgspec.convert(
-        {"endpoint": endpoint, "service_name": environ.get(SERVICE_NAME_ENV) or "satisfice"},
-        TelemetrySettings,
-    )
+    endpoint = environ[variable]
+    if variable == ENDPOINT_ENV:
+        endpoint = endpoint.rstrip("/") + "/v1/traces"
+    try:
+        return msgspec.convert(
+            {"endpoint": endpoint, "service_name": environ.get(SERVICE_NAME_ENV) or "satisfice"},
+            TelemetrySettings,
+        )
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{variable} = {environ[variable]!r}: {exc}") from exc
 
 
 class Tracing:

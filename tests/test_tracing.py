@@ -378,6 +378,8 @@ def test_from_environment_reads_the_standard_variables() -> None:
         }
     )
     assert both == TelemetrySettings(endpoint="https://traces.example/in", service_name="edge")
+    with pytest.raises(ConfigError, match="OTEL_EXPORTER_OTLP_ENDPOINT = 'collector:4318'"):
+        from_environment({"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318"})
 
 
 # --- a collector that never answers ---------------------------------------------------
