@@ -65,6 +65,8 @@ from gateway.thinking import SUPERSEDED_HEADER, Think
 from router.router import RouteDecision
 
 _CHAT_RESPONSES_DOC = "A chat completion, or with `stream: true` a text/event-stream of chunks."
+# A request header: "true" adds the decision trace to a plain answer's body.
+TRACE_HEADER = "x-satisfice-trace"
 
 
 def require_key(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
@@ -92,11 +94,11 @@ def _runtime(state: State) -> Runtime:
     return runtime
 
 
-# The handler returns finished ASGI responses: given a Stream, Litestar would still
-# apply the route's JSON media type. `responses` keeps the OpenAPI schema complete.
 _KEY_ERRORS = {401: ResponseSpec(ErrorResponse, description="No API key, or an unknown one")}
 
 
+# The handler returns finished ASGI responses: given a Stream, Litestar would still
+# apply the route's JSON media type. `responses` keeps the OpenAPI schema complete.
 @post(
     "/v1/chat/completions",
     description=_CHAT_RESPONSES_DOC,
@@ -152,11 +154,8 @@ async def chat_completions(
     else:
         exchange.answered(response.status_code or 200)
         if _wants_trace(request.headers) and response.status_code in (None, 200):
-            response = _traced(response, request.state.caller.tenant)
+            response = _traced(response, caller.tenant)
     return response.to_asgi_response(None, request)
-
-
-TRACE_HEADER = "x-satisfice-trace"
 
 
 def _wants_trace(headers: Any) -> bool:
