@@ -77,12 +77,14 @@ class MemoryCounters:
 
     def __init__(self) -> None:
         self._counts: dict[tuple[str, str, int], int] = {}
+        self._window = 0
 
     async def admit(
         self, key: str, window: int, share: float, limits: tuple[int, int], tokens: int
     ) -> Refusal | None:
-        for stale in [k for k in self._counts if k[2] < window - 1]:
-            del self._counts[stale]
+        if window != self._window:  # once a minute: forget the windows no one reads
+            self._counts = {k: n for k, n in self._counts.items() if k[2] >= window - 1}
+            self._window = window
         charges = (("requests", 1), ("tokens", tokens))
         for (name, cost), limit in zip(charges, limits, strict=True):
             now = self._counts.get((key, name, window), 0)
