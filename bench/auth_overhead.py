@@ -49,8 +49,12 @@ AUTH = {
         "      requests_per_minute: 10000000\n      tokens_per_minute: 1000000000\n"
     ),
 }
-QUESTION = {"model": "small", "temperature": 0, "max_tokens": 48,
-            "messages": [{"role": "user", "content": "Reply with one word: the sky's colour."}]}  # fmt: skip
+QUESTION = {
+    "model": "small",
+    "temperature": 0,
+    "max_tokens": 48,
+    "messages": [{"role": "user", "content": "Reply with one word: the sky's colour."}],
+}
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -33,7 +33,7 @@ def wait_until_ready(url: str, process: subprocess.Popen[bytes], timeout_s: floa
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"{process.args} exited with {process.returncode}")
+            raise RuntimeError(f"{process.args!r} exited with {process.returncode}")
         try:
             if httpx.get(url, timeout=1).status_code == 200:
                 return
