@@ -137,32 +137,33 @@ class OpenAIHTTPEngine(FanOutEngine):
     ) -> AsyncGenerator[Delta | Generation]:
         """The samples, behind the circuit breaker: one request is one call, whatever
         its ``n``, so that a half-open breaker's trial is one whole request."""
-        breaker = self.breaker
-        ticket = None
-        if breaker is not None:
-            try:
-                ticket = breaker.admit()
-            except BreakerOpen as exc:
-                raise EngineUnavailable(self.name, str(exc)) from None
         events = super().stream(prompt, params, deadline)
-        if breaker is None or ticket is None:
+        breaker = self.breaker
+        if breaker is None:
             async with contextlib.aclosing(events):
                 async for event in events:
                     yield event
             return
+        try:
+            ticket = breaker.admit()
+        except BreakerOpen as exc:
+            raise EngineUnavailable(self.name, str(exc)) from None
         verdict = breaker.abandoned
         try:
             async with contextlib.aclosing(events):
                 async for event in events:
-                    if isinstance(event, Generation):
+                    if isinstance(event, Generation) and _heard_from_server(event):
                         # Callers stop iterating once they have it: judge the call now.
                         verdict = breaker.succeeded
                     yield event
         except EngineUnavailable:
             verdict = breaker.failed
             raise
+        except EngineOverloaded:
+            # No verdict: the queue in front of the server may have refused it.
+            raise
         except EngineError:
-            verdict = breaker.succeeded  # refused or overloaded: the server is alive
+            verdict = breaker.succeeded  # refused (4xx): the server is alive
             raise
         finally:
             verdict(ticket)
@@ -316,6 +317,15 @@ class OpenAIHTTPEngine(FanOutEngine):
             yield response
         finally:
             await response.aclose()
+
+
+def _heard_from_server(generation: Generation) -> bool:
+    """False when the deadline ended every sample before a token came (perhaps still
+    queued here): that proves nothing about the server either way."""
+    return any(
+        s.finish_reason != "deadline" or s.timings.first_token_s is not None
+        for s in generation.samples
+    )
 
 
 # How trtllm-serve words a prompt its model cannot take, each giving the prompt's tokens

@@ -1,10 +1,15 @@
-"""The circuit breaker's state machine, on a clock the test moves by hand."""
+"""The circuit breaker's state machine, on a clock the test moves by hand, and the
+HTTP engine behind it."""
 
 from __future__ import annotations
 
 import pytest
 
+from engines.base import EngineUnavailable, Message, SamplingParams
 from engines.breaker import Breaker, BreakerOpen
+from engines.openai_http import OpenAIHTTPEngine
+from engines.settings import BreakerSettings, OpenAIHTTPSettings
+from tests.conftest import free_port
 
 
 class Clock:
@@ -95,3 +100,23 @@ def test_verdicts_of_calls_let_in_before_a_change_are_ignored(clock: Clock) -> N
     assert state(breaker) == "closed"
     breaker.failed(breaker.admit())
     assert state(breaker) == "closed"  # a fresh count after closing
+
+
+async def test_http_engine_fails_fast_once_open() -> None:
+    """The HTTP engine's breaker against a port nothing listens on: the server is
+    tried until the breaker opens, then refused without a connection attempt."""
+    settings = OpenAIHTTPSettings(
+        base_url=f"http://127.0.0.1:{free_port()}/v1", model="none", connect_retries=0,
+        breaker=BreakerSettings(failures=2, open_s=60),
+    )  # fmt: skip
+    engine = OpenAIHTTPEngine("remote", settings)
+    question = (Message("user", "What is 2+2?"),)
+    try:
+        for _ in range(2):
+            with pytest.raises(EngineUnavailable, match="cannot connect"):
+                await engine.generate(question, SamplingParams(max_tokens=4))
+        assert engine.breaker is not None and state(engine.breaker) == "open"
+        with pytest.raises(EngineUnavailable, match="circuit open, retry in 60 s"):
+            await engine.generate(question, SamplingParams(max_tokens=4))
+    finally:
+        await engine.close()
