@@ -15,10 +15,12 @@ from pathlib import Path
 
 import httpx
 import openai
+import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from engines.bundled import SMOLLM2, model_file
+from gateway.config import ConfigError, parse_config
 from tests.conftest import free_port, start_gateway, stop, wait_until_ready
 from tests.test_api_cache import ask, cache_gateway_config, spare_redis
 
@@ -96,6 +98,18 @@ engines:
     fallback: small
     {breaker}
 """
+
+
+@pytest.mark.parametrize(
+    ("fallback", "error"),
+    [("nowhere", "'nowhere' is not an engine"), ("remote", "cannot be its own fallback")],
+)
+def test_fallback_must_name_another_engine(fallback: str, error: str) -> None:
+    text = engine_config("http://127.0.0.1:1/v1").replace(
+        "fallback: small", f"fallback: {fallback}"
+    )
+    with pytest.raises(ConfigError, match=f"engines.remote.fallback: .*{error}"):
+        parse_config(text)
 
 
 def test_engine_server_killed_and_restarted(tmp_path: Path, models_dir: Path) -> None:
