@@ -39,7 +39,7 @@ from gateway.errors import APIError
 from gateway.openai_types import ChatCompletionRequest
 from gateway.runtime import Runtime
 from gateway.thinking import Think, conversation_key, requested_deadline_ms
-from router.embedder import Embedding
+from router.embedder import EmbedderOverloaded, Embedding
 from router.router import RouteDecision
 
 log = logging.getLogger("satisfice.gateway")
@@ -440,6 +440,15 @@ class Embedded:
             if self._runtime.embedder is None:
                 raise RuntimeError("this config has no embedder")
             started = time.perf_counter()
-            self._embedding = await self._runtime.embedder.embed(self.text)
+            try:
+                self._embedding = await self._runtime.embedder.embed(self.text)
+            except EmbedderOverloaded as exc:
+                raise APIError(
+                    429,
+                    str(exc),
+                    type="rate_limit_error",
+                    code="embedder_overloaded",
+                    retry_after_s=1.0,
+                ) from None
             self.ms = (time.perf_counter() - started) * 1000
         return self._embedding

@@ -39,6 +39,19 @@ class EmbedderSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, 
     max_batch: Annotated[int, msgspec.Meta(ge=1)] = 64
     # CPU threads the embedding model may use (torch's intra-op threads).
     threads: Annotated[int, msgspec.Meta(ge=1)] = 1
+    # Prompts that may wait while a batch is embedded; one more is refused at once
+    # (the API answers 429 with Retry-After) instead of waiting without bound when
+    # requests arrive faster than they can be embedded.
+    queue_size: Annotated[int, msgspec.Meta(ge=1)] = 128
+
+
+class EmbedderOverloaded(Exception):
+    """More prompts are waiting for the embedder than its queue_size allows."""
+
+    def __init__(self, queue_size: int) -> None:
+        super().__init__(
+            f"the embedder's queue is full ({queue_size} prompts waiting); retry later"
+        )
 
 
 def bundled_model_dir(model: str) -> Path:
@@ -117,6 +130,8 @@ class Embedder:
 
     async def embed(self, text: str) -> Embedding:
         """One prompt's embedding, batched with whatever else is waiting."""
+        if self._busy and len(self._pending) >= self.settings.queue_size:
+            raise EmbedderOverloaded(self.settings.queue_size)
         future: asyncio.Future[Vectors] = asyncio.get_running_loop().create_future()
         self._pending.append((text, future))
         if not self._busy:

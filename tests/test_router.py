@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from router import calibrate
-from router.embedder import Embedder, Embedding
+from router.embedder import Embedder, EmbedderOverloaded, Embedding
 from router.index import VectorIndex
 from router.model_file import RouterFileError, read_router, write_router
 from router.outcomes import Outcome, OutcomeError, read_outcomes
@@ -49,6 +49,23 @@ async def test_concurrent_embeds_batch_and_match_single_encoding(embedder: Embed
     similar = float(vectors[0] @ vectors[1])
     different = float(vectors[0] @ (await embedder.embed("Bake bread with yeast.")).vector)
     assert similar > different
+
+
+async def test_a_full_embedder_queue_refuses_at_once(embedder: Embedder) -> None:
+    """Beyond queue_size prompts waiting behind the batch in progress, embed() raises
+    without waiting; the admitted ones are embedded as usual."""
+    kept = embedder.settings
+    embedder.settings = msgspec.structs.replace(kept, queue_size=2)
+    try:
+        calls = [embedder.embed(f"question number {i}") for i in range(8)]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+    finally:
+        embedder.settings = kept
+    refused = [r for r in results if isinstance(r, EmbedderOverloaded)]
+    embedded = [r for r in results if isinstance(r, Embedding)]
+    # The first starts a batch; two wait for the next; the other five are refused.
+    assert (len(embedded), len(refused)) == (3, 5)
+    assert "queue is full (2 prompts waiting)" in str(refused[0])
 
 
 def test_index_adds_removes_and_switches_to_hnsw(tmp_path: Path) -> None:
