@@ -249,7 +249,7 @@ class _Collected(Collector):
         breaker_open = GaugeMetricFamily(
             "satisfice_engine_breaker_open",
             "1 while the engine's circuit breaker is open or half-open (calls fail at once "
-            "or one trial call probes the server), 0 while closed",
+            "or one trial call probes the server); 0 while closed, or with no breaker",
             labels=["engine"],
         )
         breaker_opens = CounterMetricFamily(
@@ -260,15 +260,19 @@ class _Collected(Collector):
         failovers = CounterMetricFamily(
             "satisfice_engine_failovers",
             "Requests for the engine that its fallback engine answered while it was unavailable",
-            labels=["engine", "fallback"],
+            labels=["engine"],
         )
         for name, engine in self._engines.items():
+            # Every engine has every series, at 0 where it has no breaker or fallback,
+            # so that rates and alerts work from the first scrape.
+            answered_instead = 0
             if isinstance(engine, FailoverEngine):
-                failovers.add_metric([name, engine.fallback.name], engine.failovers)
-                engine = engine.primary
-            if isinstance(engine, OpenAIHTTPEngine) and engine.breaker is not None:
-                breaker_open.add_metric([name], float(engine.breaker.state != "closed"))
-                breaker_opens.add_metric([name], engine.breaker.opened)
+                answered_instead, engine = engine.failovers, engine.primary
+            failovers.add_metric([name], answered_instead)
+            breaker = engine.breaker if isinstance(engine, OpenAIHTTPEngine) else None
+            is_open = breaker is not None and breaker.state != "closed"
+            breaker_open.add_metric([name], float(is_open))
+            breaker_opens.add_metric([name], 0 if breaker is None else breaker.opened)
             if not isinstance(engine, FanOutEngine):
                 continue
             counters = engine.counters
