@@ -305,7 +305,8 @@ class OpenAIHTTPEngine(FanOutEngine):
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as exc:
                 if attempt == settings.connect_retries:
                     raise EngineUnavailable(
-                        self.name, f"cannot connect to {settings.base_url}: {exc}"
+                        self.name,
+                        f"cannot connect to {settings.base_url}: {str(exc) or type(exc).__name__}",
                     ) from exc
                 await asyncio.sleep(0.05 * 2**attempt)
             except httpx.TimeoutException as exc:

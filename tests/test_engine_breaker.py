@@ -3,13 +3,17 @@ HTTP engine behind it."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import time
+from collections.abc import Iterator
+
 import pytest
 
 from engines.base import EngineUnavailable, Message, SamplingParams
 from engines.breaker import Breaker, BreakerOpen
 from engines.openai_http import OpenAIHTTPEngine
 from engines.settings import BreakerSettings, OpenAIHTTPSettings
-from tests.conftest import free_port
 
 
 class Clock:
@@ -102,21 +106,46 @@ def test_verdicts_of_calls_let_in_before_a_change_are_ignored(clock: Clock) -> N
     assert state(breaker) == "closed"  # a fresh count after closing
 
 
-async def test_http_engine_fails_fast_once_open() -> None:
-    """The HTTP engine's breaker against a port nothing listens on: the server is
-    tried until the breaker opens, then refused without a connection attempt."""
+@pytest.fixture
+def unanswered_port() -> Iterator[int]:
+    """A port whose listener never accepts and whose backlog is full, so a connection
+    attempt hears nothing until its timeout: a server host that has gone away."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = int(listener.getsockname()[1])
+    fillers = []
+    for _ in range(4):
+        filler = socket.socket()
+        filler.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            filler.connect(("127.0.0.1", port))
+        fillers.append(filler)
+    yield port
+    for sock in [*fillers, listener]:
+        sock.close()
+
+
+async def test_http_engine_fails_fast_once_open(unanswered_port: int) -> None:
+    """Each call waits out the connect timeout until the breaker opens; then calls are
+    refused at once, without a connection attempt."""
     settings = OpenAIHTTPSettings(
-        base_url=f"http://127.0.0.1:{free_port()}/v1", model="none", connect_retries=0,
+        base_url=f"http://127.0.0.1:{unanswered_port}/v1", model="none",
+        connect_timeout_s=0.3, connect_retries=0,
         breaker=BreakerSettings(failures=2, open_s=60),
     )  # fmt: skip
     engine = OpenAIHTTPEngine("remote", settings)
     question = (Message("user", "What is 2+2?"),)
     try:
         for _ in range(2):
-            with pytest.raises(EngineUnavailable, match="cannot connect"):
+            started = time.monotonic()
+            with pytest.raises(EngineUnavailable, match=r"cannot connect .*ConnectTimeout"):
                 await engine.generate(question, SamplingParams(max_tokens=4))
+            assert time.monotonic() - started >= 0.3
         assert engine.breaker is not None and state(engine.breaker) == "open"
+        started = time.monotonic()
         with pytest.raises(EngineUnavailable, match="circuit open, retry in 60 s"):
             await engine.generate(question, SamplingParams(max_tokens=4))
+        assert time.monotonic() - started < 0.05
     finally:
         await engine.close()
