@@ -21,9 +21,17 @@ class Admission:
         self._retry_after_s = retry_after_s
         self.waiting = 0
 
+    @property
+    def full(self) -> bool:
+        """One more caller would be refused now."""
+        return self._slots.locked() and self.waiting >= self._queue_size
+
+    def refusal(self) -> EngineOverloaded:
+        return EngineOverloaded(self._engine, self._queue_size, self._retry_after_s)
+
     async def acquire(self) -> None:
-        if self._slots.locked() and self.waiting >= self._queue_size:
-            raise EngineOverloaded(self._engine, self._queue_size, self._retry_after_s)
+        if self.full:
+            raise self.refusal()
         self.waiting += 1
         try:
             await self._slots.acquire()

@@ -75,6 +75,10 @@ class FanOutEngine(ABC):
         """Samples waiting for a generation slot now."""
         return self._admission.waiting
 
+    def refusal_now(self) -> EngineOverloaded | None:
+        """What a new request would be refused with now (its queue is full), if anything."""
+        return self._admission.refusal() if self._admission.full else None
+
     @abstractmethod
     def _sample(
         self,

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Literal
 
 import msgspec
@@ -20,7 +20,8 @@ from cache.coalesce import Flight
 from cache.entry import Namespace, context_fingerprint, entry_id, sampling_key
 from cache.semantic_cache import Hit, SemanticCache
 from cache.settings import CacheSettings
-from engines.base import Generation, Message
+from engines.base import Engine, Generation, Message
+from engines.fanout import FanOutEngine
 from evaluator.loop import LoopResult
 from gateway.auth import Caller
 from gateway.chat import (
@@ -179,7 +180,17 @@ async def handle(
         if own is not None:
             settings = msgspec.structs.replace(settings, similarity_threshold=own)
         plan = cache_plan(request, checked, settings, runtime.embedding_model, control, tenant)
-    embedded = Embedded(runtime, last_user_turn(checked.messages))
+    # The engines that could answer: under overload, when all are full, the request is
+    # refused before it is embedded (a semantic hit forgone, but no wait for the
+    # embedder, whose CPU the engines need) instead of after.
+    if request.model == AUTO_MODEL and config.router is not None:
+        candidates = [runtime.engines[config.router.small_engine],
+                      runtime.engines[config.router.large_engine]]  # fmt: skip
+    else:
+        candidates = [runtime.engines[request.model]]
+    embedded = Embedded(
+        runtime, last_user_turn(checked.messages), before=lambda: _refuse_if_full(candidates)
+    )
 
     status: CacheStatus = "off" if cache is None else "bypass"
     if cache is not None and plan is not None and plan.lookup:
@@ -407,7 +418,7 @@ async def _write_back(
         entry = cache.entry(
             plan.namespace,
             plan.prompt,
-            await embedded.get(),
+            await embedded.get(may_refuse=False),
             response=answer.text,
             model=engine,
             tier=tier,
@@ -426,19 +437,40 @@ def last_user_turn(messages: tuple[Message, ...]) -> str:
     return next((m.content for m in reversed(messages) if m.role == "user"), messages[-1].content)
 
 
-class Embedded:
-    """The last user turn's embedding, computed on first use and then reused."""
+def _refuse_if_full(engines: list[Engine]) -> None:
+    """429 now if every one of ``engines`` would refuse a new request."""
+    refusals = []
+    for engine in engines:
+        refusal = engine.refusal_now() if isinstance(engine, FanOutEngine) else None
+        if refusal is None:
+            return
+        refusals.append(refusal)
+    if refusals:
+        raise refusals[0]  # EngineOverloaded: the client hears 429 with Retry-After
 
-    def __init__(self, runtime: Runtime, text: str) -> None:
+
+class Embedded:
+    """The last user turn's embedding, computed on first use and then reused.
+
+    ``before`` runs ahead of the embedding and may refuse the request instead."""
+
+    def __init__(
+        self, runtime: Runtime, text: str, before: Callable[[], None] = lambda: None
+    ) -> None:
         self._runtime = runtime
         self.text = text
+        self._before = before
         self._embedding: Embedding | None = None
         self.ms = 0.0
 
-    async def get(self) -> Embedding:
+    async def get(self, *, may_refuse: bool = True) -> Embedding:
+        """The embedding; ``may_refuse=False`` for work after the answer (a write-back),
+        which ``before`` must not refuse."""
         if self._embedding is None:
             if self._runtime.embedder is None:
                 raise RuntimeError("this config has no embedder")
+            if may_refuse:
+                self._before()
             started = time.perf_counter()
             try:
                 self._embedding = await self._runtime.embedder.embed(self.text)
