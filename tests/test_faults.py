@@ -112,6 +112,19 @@ def test_fallback_must_name_another_engine(fallback: str, error: str) -> None:
         parse_config(text)
 
 
+def recovery_s(url: str, model: str, back: float) -> float:
+    """Seconds from ``back`` to the start of the first request ``model`` answered itself
+    (answering takes a while on busy cores, and so does a fallback's answer)."""
+    while True:
+        started = time.monotonic()
+        answered = chat(url, model)
+        if answered.status_code == 200 and "x-satisfice-failover" not in answered.headers:
+            assert answered.headers["x-satisfice-engine"] == model
+            return round(started - back, 2)
+        assert started - back < OPEN_S + 2, f"{model} did not recover within open_s"
+        time.sleep(0.2)
+
+
 def test_engine_server_killed_and_restarted(tmp_path: Path, models_dir: Path) -> None:
     port = free_port()
     server = llama_server(port, models_dir)
@@ -178,21 +191,12 @@ def test_engine_server_killed_and_restarted(tmp_path: Path, models_dir: Path) ->
 
         # Back on the same port: the gateway recovers by itself within open_s.
         server = llama_server(port, models_dir)
-        back, recovered = time.monotonic(), 0.0
-        # Measured to the start of the first request answered again: answering itself
-        # takes the server a while on a busy machine.
-        while chat(url, "bare").status_code != 200:
-            assert time.monotonic() - back < OPEN_S + 3, "no recovery"
-            time.sleep(0.2)
-            recovered = time.monotonic() - back
-        while "x-satisfice-failover" in (answered := chat(url, "remote")).headers:
-            assert time.monotonic() - back < OPEN_S + 3, "remote did not recover"
-            time.sleep(0.2)
-        assert answered.headers["x-satisfice-engine"] == "remote"
+        back = time.monotonic()
+        recovered = {model: recovery_s(url, model, back) for model in ("bare", "remote")}
         assert metric(url, "satisfice_engine_breaker_open", engine="bare") == 0
         assert metric(url, "satisfice_engine_breaker_open", engine="remote") == 0
         assert metric(url, "satisfice_engine_breaker_opens_total", engine="bare") >= 1
-        print(f"recovered {recovered:.2f} s after the server was back (open_s {OPEN_S})")
+        print(f"recovered {recovered} s after the server was back (open_s {OPEN_S})")
     finally:
         stop(gateway)
         stop(server)
