@@ -231,7 +231,7 @@ async def handle(
 
     storing = cache is not None and plan is not None and plan.store
     tier = decision.tier if decision is not None else engine.name
-    keep = _Keeper(runtime, plan if storing else None, embedded, tier, flight)
+    keep = _Keeper(runtime, plan if storing else None, embedded, tier, flight, engine.name)
     think = _think(
         runtime, config, tenant, request, checked, decision, conversation, keep, arrived, asked_ms
     )
@@ -309,9 +309,10 @@ class _Keeper:
         embedded: Embedded,
         tier: str,
         flight: Flight[EngineAnswer] | None,
+        engine: str,
     ) -> None:
         self._runtime, self._plan, self._embedded = runtime, plan, embedded
-        self._tier, self._flight = tier, flight
+        self._tier, self._flight, self._engine = tier, flight, engine
 
     def generation(self, generation: Generation | None) -> None:
         if generation is None:
@@ -323,7 +324,10 @@ class _Keeper:
             completion_tokens=sample.completion_tokens,
             prompt_tokens=generation.prompt_tokens,
         )
-        return self._keep(answer, generation.engine, confidence(generation))
+        # A fallback engine's answer (its engine was unavailable) is shared with
+        # identical requests in flight but not cached as the asked engine's answer.
+        stand_in = generation.engine != self._engine
+        return self._keep(answer, generation.engine, confidence(generation), store=not stand_in)
 
     def loop_result(self, result: LoopResult | None) -> None:
         # Only the loop's own answer: a fallback's is not what it would have said.
@@ -337,11 +341,13 @@ class _Keeper:
         )
         return self._keep(answer, result.engine, result.trace.confidence)
 
-    def _keep(self, answer: Answer | None, engine: str, confidence: float) -> None:
+    def _keep(
+        self, answer: Answer | None, engine: str, confidence: float, *, store: bool = True
+    ) -> None:
         flight = self._flight
         if flight is not None:
             flight.land(None if answer is None else EngineAnswer(answer, engine))
-        if answer is None or self._plan is None:
+        if answer is None or self._plan is None or not store:
             if flight is not None:
                 flight.end()
             return

@@ -62,7 +62,9 @@ def metric(url: str, name: str, **labels: str) -> float:
 
 def chat(url: str, model: str, **extra: object) -> httpx.Response:
     body = {"model": model, "messages": HELLO, "max_tokens": 8, "temperature": 0, **extra}
-    return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
+    # Not served from the cache: these requests are about the engine behind it.
+    headers = {"x-satisfice-cache": "bypass"}
+    return httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=30)
 
 
 def sse_text(body: str) -> str:
@@ -78,9 +80,11 @@ def sse_text(body: str) -> str:
 
 def engine_config(server: str) -> str:
     # Two engines on one server: `bare` has no fallback, `remote` falls back to the
-    # bundled in-process model.
+    # bundled in-process model. The cache is on: a stand-in's answer must not be kept
+    # as the asked engine's.
     breaker = f"breaker: {{failures: 3, open_s: {OPEN_S}}}"
     return f"""
+cache: {{}}
 engines:
   small:
     backend: llama_cpp
@@ -168,7 +172,8 @@ def test_engine_server_killed_and_restarted(tmp_path: Path, models_dir: Path) ->
               f"breaker open {refusals[-1][0] * 1000:.0f} ms")  # fmt: skip
 
         # With a fallback: answered by the bundled model, and the response says so,
-        # streamed or not, before and after the remote's breaker opens.
+        # streamed or not, before and after the remote's breaker opens; the same
+        # question twice is answered twice: the stand-in's answer was not cached.
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         for stream in (False, True, False, True):
             if stream:
@@ -177,8 +182,8 @@ def test_engine_server_killed_and_restarted(tmp_path: Path, models_dir: Path) ->
             else:
                 raw = client.chat.completions.with_raw_response.create(
                     model="remote",
-                    messages=[{"role": "user", "content": "What is 2+2?"}],
-                    max_tokens=8,
+                    messages=[{"role": "user", "content": "What is 2+2? Only the number."}],
+                    max_tokens=96,  # a whole answer: one cut short would not be cached
                     temperature=0,
                 )
                 headers, text = dict(raw.headers), raw.parse().choices[0].message.content or ""
