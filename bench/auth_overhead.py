@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -96,7 +95,7 @@ def main() -> None:
         for _, process in gateways.values():
             stop(process)
 
-    base = statistics.median(seconds["open"])
+    base = percentile(seconds["open"], 0.5)
     rows = {}
     print(f"{'auth':<14} {'p50 ms':>8} {'p99 ms':>8} {'added p50 ms':>13} {'ratio p50':>10}")
     for name, values in seconds.items():
