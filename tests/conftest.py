@@ -15,6 +15,7 @@ from typing import IO
 import httpx
 import pytest
 
+from engines.bundled import SMOLLM2, model_file
 from engines.llama_cpp import LlamaCppEngine
 from engines.settings import LlamaCppSettings
 from gateway.config import GatewayConfig, load_config
@@ -125,6 +126,30 @@ async def embedder() -> AsyncIterator[Embedder]:
 
 # Both bundled models as a test gateway's engines, the large one's answers cut at the
 # end of their line by its template's stops.
+def llama_server(port: int, models_dir: Path) -> subprocess.Popen[bytes]:
+    """llama.cpp's own OpenAI-compatible server with the bundled SmolLM2 on ``port``,
+    once ready (at http://127.0.0.1:<port>/v1)."""
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "llama_cpp.server",
+            "--model", str(model_file(SMOLLM2, models_dir)),
+            "--model_alias", "smollm2",
+            "--host", "127.0.0.1", "--port", str(port),
+            "--n_ctx", "2048", "--n_threads", "1",
+            # Queue concurrent requests instead of cutting the running one off.
+            "--interrupt_requests", "false",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_until_ready(f"http://127.0.0.1:{port}/v1/models", process)
+    except BaseException:
+        stop(process)
+        raise
+    return process
+
+
 def config_file(process: subprocess.Popen[bytes]) -> Path:
     """The --config file of a gateway that start_gateway started."""
     args = [str(arg) for arg in process.args]  # type: ignore[union-attr]

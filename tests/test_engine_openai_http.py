@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,10 +11,9 @@ from pathlib import Path
 import pytest
 
 from engines.base import Delta, EngineUnavailable, Generation, Message, SamplingParams
-from engines.bundled import SMOLLM2, model_file
 from engines.openai_http import OpenAIHTTPEngine
 from engines.settings import OpenAIHTTPSettings
-from tests.conftest import free_port, stop, wait_until_ready
+from tests.conftest import free_port, llama_server, stop
 
 QUESTION = (Message("user", "What is 2+2?"),)
 STORY = (Message("user", "Write a long story about a dragon and a knight."),)
@@ -23,22 +21,7 @@ STORY = (Message("user", "Write a long story about a dragon and a knight."),)
 
 def start_llama_server(models_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable, "-m", "llama_cpp.server",
-            "--model", str(model_file(SMOLLM2, models_dir)),
-            "--model_alias", "smollm2",
-            "--host", "127.0.0.1", "--port", str(port),
-            "--n_ctx", "2048", "--n_threads", "1",
-            # Queue concurrent requests instead of cutting the running one off.
-            "--interrupt_requests", "false",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}/v1"
-    wait_until_ready(f"{url}/models", process)
-    return process, url
+    return llama_server(port, models_dir), f"http://127.0.0.1:{port}/v1"
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ import asyncio
 import json
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -19,36 +18,13 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from engines.bundled import SMOLLM2, model_file
 from gateway.config import ConfigError, parse_config
-from tests.conftest import free_port, start_gateway, stop, wait_until_ready
+from tests.conftest import free_port, llama_server, start_gateway, stop
 from tests.test_api_cache import ask, cache_gateway_config, spare_redis
 
 STORY = [{"role": "user", "content": "Write a long story about a dragon and a knight."}]
 HELLO = [{"role": "user", "content": "What is 2+2?"}]
 OPEN_S = 3.0
-
-
-def llama_server(port: int, models_dir: Path) -> subprocess.Popen[bytes]:
-    """llama.cpp's own OpenAI-compatible server with the bundled SmolLM2, once ready."""
-    process = subprocess.Popen(
-        [
-            sys.executable, "-m", "llama_cpp.server",
-            "--model", str(model_file(SMOLLM2, models_dir)),
-            "--model_alias", "smollm2",
-            "--host", "127.0.0.1", "--port", str(port),
-            "--n_ctx", "2048", "--n_threads", "1",
-            "--interrupt_requests", "false",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        wait_until_ready(f"http://127.0.0.1:{port}/v1/models", process)
-    except BaseException:
-        stop(process)
-        raise
-    return process
 
 
 def metric(url: str, name: str, **labels: str) -> float:

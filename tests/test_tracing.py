@@ -34,7 +34,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from gateway.config import ConfigError, parse_config
 from gateway.tracing import TelemetrySettings, from_environment
-from tests.conftest import BUNDLED_ENGINES, ROOT, start_gateway, stop
+from tests.conftest import ROOT, start_gateway, stop
+from tests.test_metrics import LOOP_AND_CACHE_CONFIG
 
 SERVER = 2  # Span.SpanKind.SPAN_KIND_SERVER in the OTLP protobuf
 STATUS_ERROR = 2  # Status.StatusCode.STATUS_CODE_ERROR
@@ -155,19 +156,8 @@ def traceparent() -> tuple[str, str, str]:
 
 
 # Every routed question is hard and thinks for one round of one short branch; the
-# cache keeps what the small engine answers (as in test_metrics).
-TRACED_CONFIG = f"""
-router:
-  threshold: 0.0
-{BUNDLED_ENGINES}
-loop:
-  branches: 1
-  max_rounds: 1
-  round_tokens: 8
-  calibrator: null
-cache:
-  store: {{kind: memory}}
-"""
+# cache keeps what the small engine answers: the config of test_metrics.
+TRACED_CONFIG = LOOP_AND_CACHE_CONFIG
 
 SMALL_ONLY = """
 engines:
