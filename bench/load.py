@@ -22,7 +22,10 @@ a second meanwhile (the floor under any answer at that load). Cache hits are als
 measured from one client first, for what 64 add. ``--soak-minutes M`` runs instead a
 mixed load (80% cache hits, 20% generation) for M minutes, sampling the gateway
 process's RSS every ``--sample-s`` seconds, and reports RSS after the warm-up against
-the end.
+the end, with the kind of memory that moved (``RssAnon``/``RssFile``, and per mapping
+from ``/proc/PID/smaps``: the brk heap, 64 MiB malloc arenas, other anonymous maps,
+each mapped file) and the cache's entries every 30 s. ``--env KEY=VALUE`` sets a
+variable in the started gateway's environment (e.g. ``MALLOC_ARENA_MAX=2``).
 
     .venv/bin/python bench/load.py [--mix cache-hit generation overload ...] [--clients 64]
         [--requests 20000] [--duration 60] [--json FILE]
@@ -37,12 +40,13 @@ import contextlib
 import importlib
 import itertools
 import json
+import os
 import random
 import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -282,13 +286,62 @@ def rss_mib(pid: int) -> float:
     return float(sum(p.memory_info().rss for p in processes)) / 2**20
 
 
-def start_gateway(queue_size: int, port: int, log: Path) -> subprocess.Popen[bytes]:
+def memory_detail(pid: int) -> dict[str, float]:
+    """RssAnon, RssFile (mapped files: the GGUF weights, shared libraries) and threads,
+    summed over the process and its children: which kind of memory moves."""
+    detail: dict[str, float] = defaultdict(float)
+    for p in _descendants(pid):
+        for line in Path(f"/proc/{p}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("RssAnon", "RssFile", "RssShmem"):
+                detail[key.removeprefix("Rss").lower() + "_mib"] += int(value.split()[0]) / 1024
+            elif key == "Threads":
+                detail["threads"] += int(value)
+    return {k: round(v, 1) for k, v in detail.items()}
+
+
+def smaps_by_kind(pid: int) -> dict[str, float]:
+    """Resident MiB per kind of mapping of the process: ``[heap]`` (the main arena's
+    brk heap), each mapped file, and anonymous mappings split by size: glibc's
+    per-thread malloc arenas are reserved 64 MiB at a time (``anon 64MiB-arena``),
+    large allocations are mmapped on their own (``anon other``). A heuristic: the
+    kernel merges neighbouring anonymous maps, so the two kinds can blur."""
+    kinds: dict[str, float] = defaultdict(float)
+    name = ""
+    size_kb = 0
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head = line.split()
+        if not head:
+            continue
+        if "-" in head[0] and not head[0].endswith(":"):
+            start, end = (int(x, 16) for x in head[0].split("-"))
+            size_kb = (end - start) // 1024
+            path = head[5] if len(head) > 5 else ""
+            if path:
+                name = path
+            elif size_kb <= 65536 and start % (64 * 2**20) == 0:
+                name = "anon 64MiB-arena"  # an arena heap starts 64 MiB-aligned
+            else:
+                name = "anon other"
+        elif head[0] == "Rss:":
+            kinds[name] += int(head[1]) / 1024
+    ranked = sorted(kinds.items(), key=lambda kv: -kv[1])
+    return {k: round(v, 1) for k, v in ranked if v >= 0.1}
+
+
+def start_gateway(
+    queue_size: int, port: int, log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     config = Path(tempfile.mkdtemp(prefix="satisfice-load-")) / "satisfice.yaml"
     config.write_text(CONFIG.format(admin_key=ADMIN_KEY, queue_size=queue_size))
     command = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)]
     with log.open("wb") as out:
         return subprocess.Popen(
-            [*command, "--port", str(port)], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
+            [*command, "--port", str(port)],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
         )
 
 
@@ -364,12 +417,30 @@ async def run_soak(http: httpx.AsyncClient, args: argparse.Namespace, pid: int) 
     requests = Requests(args.seed)
     warmup = await warm_cache(http, args.admin_key)
     samples: list[tuple[float, float]] = []
+    details: list[dict[str, float]] = []
+    smaps: dict[str, dict[str, float]] = {}
+    entries: list[tuple[float, int]] = []
     started = time.perf_counter()
     duration = args.soak_minutes * 60
 
+    async def cache_entries() -> int:
+        stats = await http.get(
+            "/admin/cache/stats", headers={"Authorization": f"Bearer {args.admin_key}"}
+        )
+        return int(stats.json()["store"]["entries"]) if stats.status_code == 200 else -1
+
     async def sample() -> None:
+        n = 0
         while time.perf_counter() - started < duration:
-            samples.append((time.perf_counter() - started, rss_mib(pid)))
+            t = time.perf_counter() - started
+            samples.append((t, rss_mib(pid)))
+            details.append({"t": round(t, 1), **memory_detail(pid)})
+            if "after_warmup" not in smaps and t >= args.soak_warmup_s:
+                smaps["after_warmup"] = smaps_by_kind(pid)
+            if n % 6 == 0:
+                with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+                    entries.append((round(t, 1), await cache_entries()))
+            n += 1
             await asyncio.sleep(args.sample_s)
 
     sampler = asyncio.create_task(sample())
@@ -378,6 +449,13 @@ async def run_soak(http: httpx.AsyncClient, args: argparse.Namespace, pid: int) 
     )
     await sampler
     samples.append((time.perf_counter() - started, rss_mib(pid)))
+    details.append({"t": round(samples[-1][0], 1), **memory_detail(pid)})
+    smaps["end"] = smaps_by_kind(pid)
+    before = smaps.get("after_warmup", {})
+    grew = {
+        kind: round(smaps["end"].get(kind, 0.0) - before.get(kind, 0.0), 1)
+        for kind in set(before) | set(smaps["end"])
+    }
     after_warmup = next(rss for t, rss in samples if t >= args.soak_warmup_s)
     end = samples[-1][1]
     stats = await http.get(
@@ -392,8 +470,15 @@ async def run_soak(http: httpx.AsyncClient, args: argparse.Namespace, pid: int) 
         "rss_max_mib": round(max(rss for _, rss in samples), 1),
         "rss_growth_pct": round((end - after_warmup) / after_warmup * 100, 2),
         "warmup_s": args.soak_warmup_s,
+        "gateway_env": dict(item.split("=", 1) for item in args.env),
+        "memory_after_warmup": next(d for d in details if d["t"] >= args.soak_warmup_s),
+        "memory_end": details[-1],
+        "smaps_growth_mib": dict(sorted(grew.items(), key=lambda kv: -abs(kv[1]))[:8]),
         "cache_stats": stats.json() if stats.status_code == 200 else None,
+        "cache_entries": entries,
         "samples": [(round(t, 1), round(rss, 1)) for t, rss in samples],
+        "memory_samples": details,
+        "smaps": smaps,
     }
     if args.plot:
         plot_rss(samples, args.soak_warmup_s, report, args.plot)
@@ -432,7 +517,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     if url is None:
         port = _free_port()
         args.log.parent.mkdir(parents=True, exist_ok=True)
-        process = start_gateway(args.queue_size, port, args.log)
+        env = dict(item.split("=", 1) for item in args.env)
+        process = start_gateway(args.queue_size, port, args.log, env)
         url = f"http://127.0.0.1:{port}"
     pid = process.pid if process is not None else args.pid
     limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
@@ -476,6 +562,13 @@ def main() -> None:
     parser.add_argument("--soak-warmup-s", type=float, default=60)
     parser.add_argument("--sample-s", type=float, default=5)
     parser.add_argument("--plot", type=Path, help="the soak's RSS curve")
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set in the started gateway's environment (repeatable)",
+    )
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--log", type=Path, default=ROOT / "bench/out/load_gateway.log")
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -483,7 +576,8 @@ def main() -> None:
     report = asyncio.run(main_async(args))
     text = json.dumps(report, indent=2)
     if args.soak_minutes:  # the samples are in --json; the summary is enough here
-        summary = {k: v for k, v in report["soak"].items() if k != "samples"}
+        detail = ("samples", "memory_samples", "smaps")
+        summary = {k: v for k, v in report["soak"].items() if k not in detail}
         print(json.dumps(summary, indent=2))
     else:
         print(text)
