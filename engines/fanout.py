@@ -75,9 +75,14 @@ class FanOutEngine(ABC):
         """Samples waiting for a generation slot now."""
         return self._admission.waiting
 
-    def refusal_now(self) -> EngineOverloaded | None:
-        """What a new request would be refused with now (its queue is full), if anything."""
-        return self._admission.refusal() if self._admission.full else None
+    @property
+    def full(self) -> bool:
+        """A new request would be refused now: every slot busy, the queue full."""
+        return self._admission.full
+
+    def refusal(self) -> EngineOverloaded:
+        """What a request is refused with when the engine is full."""
+        return self._admission.refusal()
 
     @abstractmethod
     def _sample(

@@ -445,14 +445,9 @@ def last_user_turn(messages: tuple[Message, ...]) -> str:
 
 def _refuse_if_full(engines: list[Engine]) -> None:
     """429 now if every one of ``engines`` would refuse a new request."""
-    refusals = []
-    for engine in engines:
-        refusal = engine.refusal_now() if isinstance(engine, FanOutEngine) else None
-        if refusal is None:
-            return
-        refusals.append(refusal)
-    if refusals:
-        raise refusals[0]  # EngineOverloaded: the client hears 429 with Retry-After
+    full = [e for e in engines if isinstance(e, FanOutEngine) and e.full]
+    if engines and len(full) == len(engines):
+        raise full[0].refusal()  # EngineOverloaded: the client hears 429 with Retry-After
 
 
 class Embedded:
