@@ -86,6 +86,10 @@ class Reloader:
                 log.error("config reload (%s) refused, the last good config stays: %s",
                           trigger, exc)  # fmt: skip
                 return False
+            except Exception:  # a bug must not end the watcher or take the process down
+                self._runtime.metrics.reloaded(ok=False)
+                log.exception("config reload (%s) failed, the last good config stays", trigger)
+                return False
             changed = _changed(self._runtime.config, config)
             self._runtime.apply(config, keys)
             self._runtime.metrics.reloaded(ok=True)
