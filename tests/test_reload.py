@@ -133,7 +133,9 @@ def test_keys_change_without_a_restart(gateway: Gateway) -> None:
 
 def test_a_request_in_flight_keeps_its_config(gateway: Gateway) -> None:
     """A long answer started under a 60 s deadline goes on to its end after a reload
-    cuts the deadline to 1 ms; a request after the reload is cut at once."""
+    cuts the deadline to 1 ms; a request after the reload is cut at once. (What the
+    request keeps is fixed when it starts: its guard's config and its absolute
+    deadline; this checks the effect a client can see.)"""
     finished: dict[str, float | str] = {}
 
     def stream() -> None:
