@@ -40,6 +40,7 @@ from engines.base import (
 )
 from engines.bundled import model_file
 from engines.fanout import EngineCounters, FanOutEngine, SampleDone
+from engines.native_check import check_models
 from engines.settings import LlamaCppSettings
 from engines.stops import StopMatcher
 from engines.templates import CompletionTemplate, continues
@@ -111,6 +112,13 @@ class _Worker:
         self.context_tokens = settings.context_tokens
         self.token_bytes = TokenBytes(self.llm)
         self.tokens_generated = 0  # read by the engine for its token counter
+
+    def warm_up(self) -> None:
+        """Decode a prompt and one token, so that an engine that says it has started
+        has generated, and the first request does not pay for the first pages."""
+        tokens = self.llm.generate(self.llm.tokenize(b"Hello"), temp=0.0)
+        next(tokens)
+        tokens.close()
 
     def run(
         self,
@@ -233,11 +241,17 @@ class LlamaCppEngine(FanOutEngine):
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         path = await loop.run_in_executor(self._executor, model_file, self.model, self._models_dir)
+        # A library this host cannot run would kill this process at its first token;
+        # a child process finds that out first (NativeLibraryError says what to do).
+        await check_models([path], self._settings.threads)
         loads = [
             loop.run_in_executor(self._executor, _Worker, path, self._settings)
             for _ in range(self._settings.concurrency)
         ]
         self._workers = list(await asyncio.gather(*loads))
+        await asyncio.gather(
+            *(loop.run_in_executor(self._executor, worker.warm_up) for worker in self._workers)
+        )
         self._idle = list(self._workers)
         if self._completion is None:
             self._formatter = self._chat_formatter(self._idle[0].llm)

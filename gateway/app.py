@@ -421,11 +421,19 @@ def create_app(
     config: GatewayConfig,
     config_path: Path | None = None,
     adjust: Callable[[GatewayConfig], GatewayConfig] = lambda config: config,
+    on_start_failure: Callable[[str], None] | None = None,
 ) -> Litestar:
     """The app for ``config``, read from ``config_path`` (None: the embedded default),
     which is reloaded on SIGHUP or change, through ``adjust`` (the command line's
-    overrides)."""
+    overrides). ``on_start_failure`` hears why the models could not start (the serve
+    command stops the server then, rather than serve a gateway that is never ready)."""
     runtime = Runtime(config)
+
+    async def start() -> None:
+        await runtime.start()
+        if runtime.failure is not None and on_start_failure is not None:
+            on_start_failure(runtime.failure)
+
     # The config's telemetry section wins over the standard OTEL_* variables.
     telemetry = config.telemetry or tracing.from_environment(os.environ)
     traces = tracing.Tracing(telemetry) if telemetry is not None else None
@@ -433,7 +441,7 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
         # Load models in the background so /healthz answers while they load.
-        loading = asyncio.create_task(runtime.start())
+        loading = asyncio.create_task(start())
         stop_reloading = start_reloading(runtime, config_path, adjust)
         try:
             yield

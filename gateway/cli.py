@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import faulthandler
 import sys
 from pathlib import Path
 
 import msgspec
 
+from engines.bundled import model_file
+from engines.native_check import LlamaCppUnusable, check_models
+from engines.settings import LlamaCppSettings
 from evaluator.calibration import CalibratorFileError, calibrator_file, read_calibrator
 from gateway.auth import KeyTable, hash_key
 from gateway.cache_commands import add_commands as add_cache_commands
@@ -35,17 +40,52 @@ def _serve(args: argparse.Namespace) -> int:
         return msgspec.structs.replace(config, server=server)
 
     config = adjust(load_config(args.config))
-    server = config.server
-    configure_logging(server)
+    configure_logging(config.server)
+    # Should a native library crash this process after all, it says where on stderr.
+    faulthandler.enable()
+    failures: list[str] = []
+
+    def stop(failure: str) -> None:
+        failures.append(failure)
+        server.should_exit = True
+
     path = None if args.config is None else Path(args.config)
-    uvicorn.run(
-        create_app(config, path, adjust),
-        host=server.host,
-        port=server.port,
-        log_level="info",
-        log_config=None,  # configure_logging's handler serves uvicorn's loggers too
-        timeout_graceful_shutdown=30,
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(config, path, adjust, on_start_failure=stop),
+            host=config.server.host,
+            port=config.server.port,
+            log_level="info",
+            log_config=None,  # configure_logging's handler serves uvicorn's loggers too
+            timeout_graceful_shutdown=30,
+        )
     )
+    server.run()
+    if failures:
+        print(f"error: the gateway could not start: {failures[0]}", file=sys.stderr)
+        return 3
+    return 0 if server.started else 3
+
+
+def _engines_check(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    models_dir = Path(config.models_dir).expanduser()
+    models = {
+        name: model_file(settings.model, models_dir)
+        for name, settings in config.engines.items()
+        if isinstance(settings, LlamaCppSettings)
+    }
+    if not models:
+        print("no in-process engines to check")
+        return 0
+    threads = max(s.threads for s in config.engines.values() if isinstance(s, LlamaCppSettings))
+    try:
+        seconds = asyncio.run(check_models(list(models.values()), threads))
+    except LlamaCppUnusable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+    engines = ", ".join(f"{name} ({path.name})" for name, path in models.items())
+    print(f"llama.cpp generates on this host: {engines}, in {seconds:.1f} s")
     return 0
 
 
@@ -103,6 +143,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     docs.add_argument("--out", help="write it to this file instead of printing it")
     docs.set_defaults(run=_config_docs)
+
+    engines = commands.add_parser("engines", help="the configured engines")
+    engines_commands = engines.add_subparsers(dest="engines_command", required=True)
+    engines_check = engines_commands.add_parser(
+        "check",
+        help="generate a few tokens with each in-process model in a child process: "
+        "does this host run the llama.cpp library that was built?",
+    )
+    engines_check.add_argument("--config", help="YAML config file (default: the embedded default)")
+    engines_check.set_defaults(run=_engines_check)
 
     keys = commands.add_parser("keys", help="API keys")
     keys_commands = keys.add_subparsers(dest="keys_command", required=True)

@@ -12,6 +12,7 @@ from cache.semantic_cache import SemanticCache
 from cache.settings import RedisStoreSettings
 from engines import Engine, create_engine
 from engines.failover import FailoverEngine
+from engines.native_check import LlamaCppUnusable
 from evaluator.calibration import calibrator_file, read_calibrator
 from evaluator.loop import ReasoningLoop
 from gateway.auth import KeyTable
@@ -106,6 +107,10 @@ class Runtime:
                 self._start_embedder_and_users(),
                 *(engine.start() for engine in self.engines.values()),
             )
+        except LlamaCppUnusable as exc:
+            self.failure = f"{type(exc).__name__}: {exc}"
+            log.error("failed to start: %s", exc)  # the message says it all; no traceback
+            return
         except Exception as exc:
             self.failure = f"{type(exc).__name__}: {exc}"
             log.exception("failed to start")
