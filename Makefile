@@ -9,15 +9,64 @@ STAMP := $(VENV)/.installed
 DATA ?= ../shared/data
 OUT := bench/out
 
-.PHONY: serve test test-all lint bench default-router default-calibrator
+.PHONY: install serve test test-all lint bench default-router default-calibrator
 
-$(STAMP): pyproject.toml
+# llama.cpp is compiled for this host's CPU (-march=native), with AMX switched off at
+# compile time: some x86-64 hosts advertise AMX without letting a process use it, and a
+# library holding its tile instructions dies there with SIGILL at the first token. The
+# AMX options of ggml's CMake apply only without GGML_NATIVE, so the compiler is told
+# instead; -mno-* wins over -march=native whatever their order. No AMX: no cost on a
+# host without it (bench/llama_builds.py; docs/benchmarks.md). LLAVA_BUILD=OFF leaves
+# out the multimodal library, which nothing here loads.
+LLAMA_VERSION := $(shell sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' pyproject.toml)
+NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+ifeq ($(shell uname -m),x86_64)
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'
+else
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DLLAVA_BUILD=OFF
+endif
+# The flags the venv's llama.cpp was built with: a change rebuilds it. --no-cache-dir:
+# pip's wheel cache is keyed by the package, not by CMAKE_ARGS, and would hand back a
+# library built with other flags (or on another CPU).
+LLAMA_BUILT := $(VENV)/.llama-cmake-args
+
+.PHONY: rebuild-llama check-engines print-llama-cmake-args FORCE
+
+$(LLAMA_BUILT): FORCE
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@if [ "$$(cat $@ 2>/dev/null)" != "$(LLAMA_CMAKE_ARGS)" ]; then \
+	  echo "building llama-cpp-python $(LLAMA_VERSION) for this host (about 5 minutes)"; \
+	  $(BIN)/python -m pip install --quiet --upgrade pip && \
+	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+	    $(BIN)/python -m pip install --quiet --no-cache-dir --force-reinstall --no-deps \
+	    llama-cpp-python==$(LLAMA_VERSION) && \
+	  echo "$(LLAMA_CMAKE_ARGS)" > $@; \
+	fi
+
+$(STAMP): pyproject.toml $(LLAMA_BUILT)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# The CPU build of torch, before anything that depends on torch pulls a CUDA one.
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	# One real generation per bundled model in a child process: a library this host
+	# cannot run is reported here, with the command that rebuilds it.
+	$(BIN)/satisfice engines check
 	touch $(STAMP)
+
+# llama.cpp again, for this host, whatever was built before (e.g. a venv from another
+# CPU), then checked as after any install.
+rebuild-llama:
+	rm -f $(LLAMA_BUILT)
+	$(MAKE) --no-print-directory $(STAMP)
+
+check-engines: $(STAMP)
+	$(BIN)/satisfice engines check
+
+print-llama-cmake-args:
+	@echo "$(LLAMA_CMAKE_ARGS)"
+
+install: $(STAMP)
 
 serve: $(STAMP)
 	$(BIN)/satisfice serve

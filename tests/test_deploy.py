@@ -10,6 +10,7 @@ deployment mounts must pass our own parse_config.
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -103,6 +104,25 @@ def test_build_installs_torch_cpu_first_then_exactly_the_lock() -> None:
     assert gpu == [
         "pip uninstall -y faiss-cpu && pip install --no-deps -r deploy/requirements-gpu.lock"
     ]
+
+
+def test_image_builds_a_portable_llama_cpp_and_checks_it_generates() -> None:
+    """The image runs on hosts other than the one that builds it: llama.cpp is built for
+    an AVX2 baseline, never -march=native (which on an AMX host compiles in tile
+    instructions that die with SIGILL where AMX is advertised but not enabled)."""
+    args = values(stages()["build"], "ARG")
+    (cmake,) = [arg for arg in args if arg.startswith("LLAMA_CMAKE_ARGS=")]
+    flags = shlex.split(shlex.split(cmake)[0].removeprefix("LLAMA_CMAKE_ARGS="))
+    assert "-DGGML_NATIVE=OFF" in flags and "-DGGML_AVX2=ON" in flags
+    assert "-DGGML_NATIVE=ON" not in flags and "march" not in cmake
+    assert not [flag for flag in flags if ("AMX" in flag or "AVX512" in flag) and "=ON" in flag]
+    build = values(stages()["build"], "RUN")
+    llama = next(run for run in build if "grep '^llama-cpp-python=='" in run)
+    assert 'CMAKE_ARGS="$LLAMA_CMAKE_ARGS"' in llama
+    # The built library generates with the image's models before the image is done.
+    assert any(
+        "satisfice engines check --config /etc/satisfice/satisfice.yaml" in run for run in build
+    )
 
 
 def test_both_images_run_the_gateway_unprivileged_with_a_health_check() -> None:
