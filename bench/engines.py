@@ -11,6 +11,9 @@ figure for its cost per token.
 
 Greedy decoding makes every variant generate the same tokens. Run:
     .venv/bin/python bench/engines.py [--rounds 5] [--tokens 128] [--json FILE]
+``--plain`` times the plain variant alone (bench/llama_builds.py runs it once per build);
+``--no-extra-bufts`` loads the models without llama.cpp's extra buffer types (the
+repacked weights its AMX and AVX matrix kernels use).
 """
 
 from __future__ import annotations
@@ -67,6 +70,35 @@ def _recorder_cost_s(engine: LlamaCppEngine, top: int, repeats: int = 200) -> fl
     for _ in range(repeats):
         recorder.record(0)
     return (time.perf_counter() - started) / repeats
+
+
+async def bench_plain(
+    name: str, settings: LlamaCppSettings, models_dir: Path, rounds: int, tokens: int
+) -> dict[str, object]:
+    """Plain greedy decoding alone: the figure that compares builds of llama.cpp."""
+    engine = LlamaCppEngine(name, settings, models_dir)
+    await engine.start()
+    params = SamplingParams(max_tokens=tokens, temperature=0)
+    await _engine_tps(engine, params)  # warm-up
+    runs = [await _engine_tps(engine, params) for _ in range(rounds)]
+    await engine.close()
+    return {
+        "model": settings.model,
+        "tokens_per_run": sorted({count for _, count in runs}),
+        "tokens_per_s": {"plain": round(statistics.median(tps for tps, _ in runs), 1)},
+    }
+
+
+def _without_extra_buffer_types() -> None:
+    """Load every model from here on with ``use_extra_bufts`` off."""
+    default_params = llama_cpp.llama_cpp.llama_model_default_params
+
+    def params() -> llama_cpp.llama_model_params:
+        chosen = default_params()
+        chosen.use_extra_bufts = False
+        return chosen
+
+    llama_cpp.llama_cpp.llama_model_default_params = params
 
 
 async def bench_model(
@@ -133,7 +165,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--plain", action="store_true", help="plain decoding only")
+    parser.add_argument(
+        "--no-extra-bufts", action="store_true", help="load models without extra buffer types"
+    )
     args = parser.parse_args()
+    if args.no_extra_bufts:
+        _without_extra_buffer_types()
+    bench = bench_plain if args.plain else bench_model
     config = load_config()
     report = []
     for name, settings in config.engines.items():
@@ -144,7 +183,7 @@ def main() -> None:
             template = CompletionTemplate(preamble="", stop=())
             settings = LlamaCppSettings(model=settings.model, template=template)
         models_dir = Path(config.models_dir).expanduser()
-        row = asyncio.run(bench_model(name, settings, models_dir, args.rounds, args.tokens))
+        row = asyncio.run(bench(name, settings, models_dir, args.rounds, args.tokens))
         report.append(row)
         print(json.dumps(row))
     if args.json:
