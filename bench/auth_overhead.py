@@ -29,7 +29,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gateway.auth import hash_key  # noqa: E402
+from gateway.api.auth import hash_key  # noqa: E402
 from tests.conftest import start_gateway, stop  # noqa: E402
 
 KEY = f"sk-bench-{uuid.uuid4().hex}"

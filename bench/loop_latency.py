@@ -51,7 +51,7 @@ SHORT = "Is ice cold?"
 def _config(fallback: str) -> str:
     # The shipped default, as users run it, but every routed question is hard and
     # nothing is cached, so that every request does the work.
-    raw = yaml.safe_load((ROOT / "gateway" / "default.yaml").read_text())
+    raw = yaml.safe_load((ROOT / "gateway" / "config" / "default.yaml").read_text())
     raw["router"]["threshold"] = 0.0
     raw["sla"]["fallback"] = {"policy": fallback, "hedge": fallback == "small"}
     raw["cache"] = None

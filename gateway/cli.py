@@ -14,12 +14,12 @@ from engines.bundled import model_file
 from engines.native_check import LlamaCppUnusable, check_models
 from engines.settings import LlamaCppSettings
 from evaluator.calibration import CalibratorFileError, calibrator_file, read_calibrator
-from gateway.auth import KeyTable, hash_key
+from gateway.api.auth import KeyTable, hash_key
 from gateway.cache_commands import add_commands as add_cache_commands
 from gateway.config import ConfigError, GatewayConfig, load_config
-from gateway.config_docs import render_reference
+from gateway.config.docs import render_reference
 from gateway.evaluator_commands import add_commands as add_evaluator_commands
-from gateway.logs import configure_logging
+from gateway.ops.logs import configure_logging
 from gateway.router_commands import add_commands as add_router_commands
 from router.model_file import RouterFileError
 from router.outcomes import OutcomeError
@@ -28,7 +28,7 @@ from router.outcomes import OutcomeError
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from gateway.app import create_app
+    from gateway.api.app import create_app
 
     def adjust(config: GatewayConfig) -> GatewayConfig:
         """The command line's host and port over the file's, on each (re)load."""

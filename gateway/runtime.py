@@ -7,7 +7,6 @@ import logging
 from pathlib import Path
 
 from cache import create_store
-from cache.coalesce import Coalescer
 from cache.semantic_cache import SemanticCache
 from cache.settings import RedisStoreSettings
 from engines import Engine, create_engine
@@ -15,12 +14,10 @@ from engines.failover import FailoverEngine
 from engines.native_check import LlamaCppUnusable
 from evaluator.calibration import calibrator_file, read_calibrator
 from evaluator.loop import ReasoningLoop
-from gateway.auth import KeyTable
-from gateway.chat import EngineAnswer
+from gateway.api.auth import KeyTable
 from gateway.config import GatewayConfig
-from gateway.limits import MemoryCounters, RateLimiter, RedisCounters
-from gateway.metrics import Metrics
-from gateway.thinking import Turns
+from gateway.ops.limits import MemoryCounters, RateLimiter, RedisCounters
+from gateway.ops.metrics import Metrics
 from router.embedder import Embedder
 from router.router import Router
 
@@ -68,10 +65,8 @@ class Runtime:
             )
         self.limiter = RateLimiter(_counters(config))
         self.metrics = Metrics(self.engines, self.cache)
-        self.turns = Turns()
-        self.flights: Coalescer[EngineAnswer] = Coalescer()
         # Write-backs run after their response has gone; kept here so they finish.
-        self.background: set[asyncio.Task[object]] = set()
+        self.background: set[asyncio.Task[None]] = set()
         self.ready = False
         self.failure: str | None = None
 
@@ -79,7 +74,7 @@ class Runtime:
         """Put a reloaded config in force for the requests that start from now on.
 
         One synchronous step, so no request sees half of it. ``config`` differs from
-        the one in force only in what can change while serving (gateway.reload)."""
+        the one in force only in what can change while serving (gateway.config.reload)."""
         self.config, self.keys = config, keys
         if self.router is not None and config.router is not None:
             self.router.settings = config.router
@@ -118,7 +113,7 @@ class Runtime:
         self.ready = True
         log.info("ready: %s", ", ".join(self.engines))
 
-    def in_background(self, task: asyncio.Task[object]) -> None:
+    def in_background(self, task: asyncio.Task[None]) -> None:
         self.background.add(task)
         task.add_done_callback(self.background.discard)
 

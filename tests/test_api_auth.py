@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.auth import hash_key
+from gateway.api.auth import hash_key
 from tests.conftest import BUNDLED_ENGINES, ROOT, start_gateway, stop
 
 ALPHA, BRAVO, OPS = (f"sk-{name}-{uuid.uuid4().hex}" for name in ("alpha", "bravo", "ops"))

@@ -15,7 +15,7 @@ import yaml
 
 from gateway.cli import main
 from gateway.config import ConfigError, GatewayConfig, parse_config
-from gateway.config_docs import REGENERATE, Section, field_meaning, render_reference, sections
+from gateway.config.docs import REGENERATE, Section, field_meaning, render_reference, sections
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMITTED = ROOT / "docs" / "configuration.md"

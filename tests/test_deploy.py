@@ -165,7 +165,7 @@ def test_build_context_admits_everything_the_image_copies() -> None:
 
 def test_image_config_is_the_default_with_the_image_models() -> None:
     # The build rewrites this line of the embedded default to /opt/satisfice/models.
-    default = (ROOT / "gateway" / "default.yaml").read_text("utf-8")
+    default = (ROOT / "gateway" / "config" / "default.yaml").read_text("utf-8")
     assert len(re.findall(r"^models_dir: ", default, re.MULTILINE)) == 1
     rewritten = re.sub(
         r"^models_dir: .*$", "models_dir: /opt/satisfice/models", default, flags=re.M

@@ -1,7 +1,7 @@
 """deploy/grafana/satisfice.json: an importable dashboard whose queries ask only for
 series a gateway exposes, by labels those series have.
 
-The series come from a real ``gateway.metrics.Metrics`` built in-process as
+The series come from a real ``gateway.ops.metrics.Metrics`` built in-process as
 ``gateway/runtime.py`` builds it (the default config's engines, constructed but not
 started, and a memory-store cache), with one streamed loop answer recorded through its
 ``Exchange`` so every labelled series has a sample, then scraped and parsed with
@@ -27,7 +27,7 @@ from cache.settings import CacheSettings
 from engines import create_engine
 from evaluator.loop import BranchTrace, LoopResult, LoopTrace, RoundTrace
 from gateway.config import load_config
-from gateway.metrics import Metrics
+from gateway.ops.metrics import Metrics
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "satisfice.json"
 DATASOURCE_VARIABLE = "DS_PROMETHEUS"

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.logs import (
+from gateway.ops.logs import (
     ACCESS_LOGGER,
     JSONFormatter,
     RequestIdFilter,

@@ -9,8 +9,8 @@ import uuid
 import pytest
 
 from gateway.config import KeySettings
-from gateway.errors import APIError
-from gateway.limits import (
+from gateway.api.errors import APIError
+from gateway.ops.limits import (
     WINDOW_S,
     MemoryCounters,
     RateLimiter,

@@ -16,7 +16,7 @@ from typing import IO
 import httpx
 import pytest
 
-from gateway.auth import hash_key
+from gateway.api.auth import hash_key
 from tests.conftest import config_file, start_gateway, stop
 
 SMALL = """

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import time
+
+import msgspec
 import pytest
 
-from gateway.auth import OPEN
+from gateway.api.errors import APIError
+from gateway.api.validate import chat_request
+from gateway.api.wire import ChatCompletionRequest, ChatMessage
 from gateway.config import parse_config
-from gateway.errors import APIError
-from gateway.openai_types import ChatCompletionRequest, ChatMessage
-from gateway.pipeline import Dispatch, handle
+from gateway.pipeline.outcome import Decision, Finished, Refused, TextDelta
+from gateway.pipeline.pipeline import Pipeline
+from gateway.pipeline.policy import resolve
 from gateway.runtime import Runtime
 
 CONFIG = """
@@ -21,21 +26,32 @@ engines:
 
 async def test_auto_without_router_is_a_clear_404() -> None:
     config = parse_config(CONFIG)
-    runtime = Runtime(config)  # engines are built, not loaded: handle never reaches them
+    runtime = Runtime(config)
     assert config.router is None and runtime.router is None and runtime.embedder is None
-    request = ChatCompletionRequest(model="auto", messages=[ChatMessage("user", "hi")])
+    auto = ChatCompletionRequest(model="auto", messages=[ChatMessage("user", "hi")])
     with pytest.raises(APIError) as caught:
-        await handle(runtime, config, OPEN, request, {})
+        chat_request(auto, runtime.engines, routing=False, limits=config.server)
     assert caught.value.status == 404
     assert caught.value.body.param == "model"
     assert "routing is turned off" in caught.value.body.message
-    named = await handle(
-        runtime,
-        config,
-        OPEN,
-        ChatCompletionRequest(model="small", messages=[ChatMessage("user", "hi")]),
-        {},
-    )
-    assert isinstance(named, Dispatch) and named.cache == "off"
-    assert named.call.engine is runtime.engines["small"] and named.call.decision is None
-    named.finished(None)
+    # The pipeline refuses it too, whoever calls it.
+    named = ChatCompletionRequest(model="small", messages=[ChatMessage("user", "hi")])
+    request = chat_request(named, runtime.engines, routing=False, limits=config.server)
+    policy = resolve(config, "default", arrived=time.monotonic())
+    pipeline = Pipeline(runtime)
+    with pytest.raises(Refused) as refused:
+        routed = msgspec.structs.replace(request, model="auto")
+        await pipeline.run(routed, policy, Decision(tenant="default", model="auto"))
+    assert refused.value.kind == "model_not_found"
+
+    await runtime.start()
+    try:
+        decision = Decision(tenant="default", model="small")
+        outcome = await pipeline.run(request, policy, decision)
+        events = [event async for event in outcome.events]
+    finally:
+        await runtime.close()
+    assert decision.cache == "off" and decision.route == decision.engine == "small"
+    assert decision.difficulty is None
+    assert isinstance(events[0], TextDelta) and isinstance(events[-1], Finished)
+

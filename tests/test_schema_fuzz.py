@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode, checks
 from schemathesis.schemas import BaseSchema
 
-from gateway.openai_types import ChatCompletionChunk, ErrorResponse
+from gateway.api.wire import ChatCompletionChunk, ErrorResponse
 from tests.conftest import BUNDLED_ENGINES, start_gateway, stop
 
 ADMIN_KEY = "fuzz-admin-key"

@@ -33,7 +33,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from gateway.config import ConfigError, parse_config
-from gateway.tracing import TelemetrySettings, from_environment
+from gateway.ops.tracing import TelemetrySettings, from_environment
 from tests.conftest import ROOT, start_gateway, stop
 from tests.test_metrics import LOOP_AND_CACHE_CONFIG
 
@@ -340,7 +340,7 @@ def test_the_standard_variable_switches_tracing_on_and_stop_flushes(
 def test_without_telemetry_no_tracer_or_exporter_is_loaded() -> None:
     code = (
         "import json, sys\n"
-        "from gateway.app import create_app\n"
+        "from gateway.api.app import create_app\n"
         "from gateway.config import parse_config\n"
         f"create_app(parse_config({SMALL_ONLY!r}))\n"
         "print(json.dumps([m for m in sys.modules if m.startswith('opentelemetry.')]))\n"

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from gateway.auth import KeyTable
+from gateway.api.auth import KeyTable
 from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.runtime import Runtime
 

@@ -19,8 +19,8 @@ import msgspec
 from redis.exceptions import RedisError
 
 from cache.redis_store import redis_client
+from gateway.api.errors import APIError
 from gateway.config import KeySettings
-from gateway.errors import APIError
 
 log = logging.getLogger("satisfice.gateway")
 

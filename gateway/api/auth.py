@@ -13,8 +13,8 @@ from collections.abc import Mapping
 
 import msgspec
 
+from gateway.api.errors import APIError
 from gateway.config import DEFAULT_TENANT, AuthSettings, ConfigError, KeySettings
-from gateway.errors import APIError
 
 ADMIN_KEY_ENV = "SATISFICE_ADMIN_KEY"
 

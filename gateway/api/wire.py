@@ -110,7 +110,7 @@ class ThoughtCompletion(ChatCompletion, frozen=True, kw_only=True):
     satisfice: LoopTrace
 
 
-class Decision(Struct, frozen=True, kw_only=True, omit_defaults=True):
+class DecisionTrace(Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Why a (non-loop) answer came from where it did: what the x-satisfice-* headers
     say, as one object, for a client that asks with ``x-satisfice-trace: true``."""
 
@@ -127,7 +127,7 @@ class Decision(Struct, frozen=True, kw_only=True, omit_defaults=True):
 class TracedCompletion(ChatCompletion, frozen=True, kw_only=True):
     """A completion with its decision trace (clients ignore the extra field)."""
 
-    satisfice: Decision
+    satisfice: DecisionTrace
 
 
 class ChunkDelta(Struct, frozen=True, omit_defaults=True):

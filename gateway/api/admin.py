@@ -14,8 +14,8 @@ from litestar.openapi.datastructures import ResponseSpec
 from cache.semantic_cache import CacheStats, SemanticCache
 from cache.store import StoreUnavailable
 from cache.warmup import WarmupReport, warm
-from gateway.errors import APIError
-from gateway.openai_types import ErrorResponse
+from gateway.api.errors import APIError
+from gateway.api.wire import ErrorResponse
 from gateway.runtime import Runtime
 
 # A warm-up upload may be far larger than a chat request.

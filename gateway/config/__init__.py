@@ -20,7 +20,6 @@ from cache.settings import CacheSettings
 from engines.settings import EngineSettings
 from evaluator.loop import FallbackSettings
 from evaluator.policy import LoopSettings
-from gateway.tracing import TelemetrySettings
 from router.embedder import EmbedderSettings
 from router.settings import RouterSettings
 
@@ -58,6 +57,31 @@ class ServerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     # Log lines on stderr: `text` for people, `json` (one object per line, with the
     # request id and an access line per chat completion) for log collectors.
     log_format: Literal["text", "json"] = "text"
+
+
+# Where an OpenTelemetry Collector listens for OTLP/HTTP traces by default.
+DEFAULT_ENDPOINT = "http://localhost:4318/v1/traces"
+
+
+class TelemetrySettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """OpenTelemetry traces: one span per HTTP request, exported over OTLP/HTTP
+    (protobuf) in batches from a background thread. A collector that is slow or down
+    never fails or slows a request; its spans are dropped."""
+
+    # The collector's OTLP/HTTP traces URL, path included.
+    endpoint: Annotated[str, msgspec.Meta(pattern=r"^https?://")] = DEFAULT_ENDPOINT
+    # service.name of every span, the name trace backends list the gateway under.
+    service_name: Annotated[str, msgspec.Meta(min_length=1)] = "satisfice"
+    # Fraction of requests traced, among those that arrive without a `traceparent`;
+    # a client's `traceparent` decides for its own requests (its sampled flag).
+    sample_ratio: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 1.0
+    # HTTP headers sent with every export: an API key, say.
+    headers: dict[str, str] = {}
+    # Seconds one export may take, retries included, before its spans are dropped; also
+    # the longest a stopping gateway waits for its last spans to go out.
+    export_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+    # Longest a finished span waits before it is exported with the others of its batch.
+    batch_delay_ms: Annotated[int, msgspec.Meta(ge=1)] = 5000
 
 
 Milliseconds = Annotated[int, msgspec.Meta(ge=1)]
@@ -285,7 +309,7 @@ def _field_type(kind: Any, name: str) -> Any:
 def load_config(path: str | Path | None = None) -> GatewayConfig:
     """The config at ``path``, or the embedded default when ``path`` is None."""
     if path is None:
-        text = resources.files("gateway").joinpath("default.yaml").read_text("utf-8")
+        text = resources.files("gateway.config").joinpath("default.yaml").read_text("utf-8")
         return parse_config(text, "embedded default config")
     try:
         text = Path(path).read_text("utf-8")

@@ -18,9 +18,10 @@ import msgspec
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.pipeline.outcome import NO_ROUTE, Decision
+
 if TYPE_CHECKING:
     from gateway.config import ServerSettings
-    from gateway.metrics import Exchange
 
 REQUEST_ID_HEADER = "x-request-id"
 ACCESS_LOGGER = "satisfice.access"
@@ -146,18 +147,25 @@ def configure_logging(settings: ServerSettings, level: int = logging.INFO) -> No
         logger.propagate = True
 
 
-def access(exchange: Exchange, status: int, seconds: float, facts: dict[str, str]) -> None:
-    """The access line of one chat completion: what answered and how, never the text."""
+def access(decision: Decision, status: int, seconds: float, key: str | None) -> None:
+    """The access line of one chat completion: what answered and how, never the text.
+    ``key`` is the API key's name in the config, never the key."""
     fields: dict[str, object] = {
-        "route": exchange.route,
+        "route": decision.route,
         "status": status,
         "duration_ms": round(seconds * 1000, 3),
-        **facts,
+        "model": decision.model,
+        "tenant": decision.tenant,
     }
-    if exchange.stop is not None:
-        fields["stop"] = exchange.stop
-    if exchange.fallback is not None:
-        fields["fallback"] = exchange.fallback
+    if key is not None:
+        fields["key"] = key
+    if decision.engine is not None:
+        fields["engine"] = decision.engine
+    if decision.route != NO_ROUTE:
+        fields["cache"] = decision.cache
+    if decision.loop is not None:
+        fields["stop"] = decision.loop.stop
+        fields["fallback"] = decision.loop.fallback
     logging.getLogger(ACCESS_LOGGER).info(
-        "chat completion %s %s in %.1f ms", exchange.route, status, seconds * 1000, extra=fields
+        "chat completion %s %s in %.1f ms", decision.route, status, seconds * 1000, extra=fields
     )

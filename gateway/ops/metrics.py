@@ -7,28 +7,23 @@ side never share a counter. What the cache and the engines count anyway is read 
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
-from litestar.exceptions import HTTPException
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from cache.semantic_cache import SemanticCache
-from engines.base import Engine, EngineError
+from engines.base import Engine
 from engines.failover import FailoverEngine
 from engines.fanout import FanOutEngine
 from engines.openai_http import OpenAIHTTPEngine
-from evaluator.loop import LoopResult
-from gateway.errors import APIError
+from gateway.pipeline.outcome import NO_ROUTE, Decision
 
 # The text format Prometheus has always scraped (generate_latest writes it).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-# The route of a request that failed before it had one (bad input, not ready, ...).
-NO_ROUTE = "error"
 # The status of a request whose client left before it was answered (nginx's code).
 CLIENT_CLOSED = 499
 
@@ -111,8 +106,8 @@ class Metrics:
             self.config_reloads.labels(result=result)
         registry.register(_Collected(engines, cache))
 
-    def exchange(self, on_end: Callable[[Exchange, int, float], None] | None = None) -> Exchange:
-        return Exchange(self, on_end)
+    def exchange(self) -> Exchange:
+        return Exchange(self)
 
     def refused(self, status: int) -> None:
         """A chat request refused before the handler ran (its body unreadable)."""
@@ -125,96 +120,44 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-def status_of(exc: BaseException) -> int:
-    """The HTTP status the client gets for an exception out of a chat request."""
-    if isinstance(exc, APIError):
-        return exc.status
-    if isinstance(exc, EngineError):
-        return APIError.from_engine(exc).status
-    if isinstance(exc, HTTPException):
-        return exc.status_code
-    if isinstance(exc, asyncio.CancelledError):
-        return CLIENT_CLOSED
-    return 500
-
-
 class Exchange:
-    """One chat request as the metrics see it: its route once known, the loop's trace
-    if it thought, and its end, recorded once. ``on_end`` hears the end too (status,
-    seconds): the access log."""
+    """One chat request as the metrics see it: its start, its first byte if it streams,
+    and its end with the decision that answered it, recorded once."""
 
-    def __init__(
-        self, metrics: Metrics, on_end: Callable[[Exchange, int, float], None] | None = None
-    ) -> None:
+    def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
-        self._on_end = on_end
-        # Why the loop stopped, and its fallback; None when the loop did not answer.
-        self.stop: str | None = None
-        self.fallback: str | None = None
-        # The loop's rounds and its answer's confidence, for the request's trace span.
-        self.rounds: int | None = None
-        self.confidence: float | None = None
         self._started = time.monotonic()
-        self.route = NO_ROUTE
-        self._deadline: float | None = None
-        self._deadline_error = False
         self._ended = False
 
-    def routed(self, route: str, deadline: float | None = None) -> None:
-        """The path that answers, and its deadline (``time.monotonic()`` seconds)."""
-        self.route, self._deadline = route, deadline
+    def first_byte(self, route: str) -> None:
+        self._metrics.first_byte.labels(route=route).observe(time.monotonic() - self._started)
 
-    def thought(self, result: LoopResult | None) -> None:
-        """The loop's result (None when it gave none)."""
-        if result is None:
-            return
-        trace, metrics = result.trace, self._metrics
-        self.stop, self.fallback = trace.stop, trace.fallback
-        self.rounds, self.confidence = len(trace.rounds), trace.confidence
-        metrics.loop_rounds.observe(len(trace.rounds))
-        metrics.loop_branches.observe(sum(len(r.branches) for r in trace.rounds))
-        metrics.loop_confidence.observe(trace.confidence)
-        metrics.loop_stops.labels(reason=trace.stop).inc()
-        if trace.fallback != "none":
-            self.route = "fallback"
-            metrics.loop_fallbacks.labels(fallback=trace.fallback).inc()
-        # 504 deadline_exceeded, as the status or inside a stream that had begun.
-        self._deadline_error = trace.fallback == "error"
-
-    def answered(self, status: int) -> None:
-        self._end(status)
-
-    def failed(self, exc: BaseException) -> None:
-        self._end(status_of(exc))
-
-    async def streamed(self, body: AsyncIterable[str | bytes]) -> AsyncGenerator[str | bytes]:
-        """``body`` as it is sent, timing its first chunk and its end."""
-        first = True
-        try:
-            async for chunk in body:
-                if first:
-                    first = False
-                    elapsed = time.monotonic() - self._started
-                    self._metrics.first_byte.labels(route=self.route).observe(elapsed)
-                yield chunk
-        finally:
-            # Closed early (the client left), the body must stop its work now.
-            if isinstance(body, AsyncGenerator):
-                await body.aclose()
-            self._end(200)
-
-    def _end(self, status: int) -> None:
+    def ended(self, decision: Decision | None, status: int) -> float | None:
+        """The request is over: ``decision`` is None when it failed before it had one.
+        The seconds it took, the first time; None after that."""
         if self._ended:
-            return
+            return None
         self._ended = True
         now, metrics = time.monotonic(), self._metrics
-        metrics.requests.labels(route=self.route, status=str(status)).inc()
-        metrics.seconds.labels(route=self.route).observe(now - self._started)
-        late = self._deadline is not None and now > self._deadline
-        if late or self._deadline_error:
+        seconds = now - self._started
+        route = NO_ROUTE if decision is None else decision.route
+        metrics.requests.labels(route=route, status=str(status)).inc()
+        metrics.seconds.labels(route=route).observe(seconds)
+        if decision is None:
+            return seconds
+        trace = decision.loop
+        # Late, or 504 deadline_exceeded (as the status, or inside a stream that had begun).
+        late = decision.deadline is not None and now > decision.deadline
+        if late or (trace is not None and trace.fallback == "error"):
             metrics.sla_misses.inc()
-        if self._on_end is not None:
-            self._on_end(self, status, now - self._started)
+        if trace is not None:
+            metrics.loop_rounds.observe(len(trace.rounds))
+            metrics.loop_branches.observe(sum(len(r.branches) for r in trace.rounds))
+            metrics.loop_confidence.observe(trace.confidence)
+            metrics.loop_stops.labels(reason=trace.stop).inc()
+            if trace.fallback != "none":
+                metrics.loop_fallbacks.labels(fallback=trace.fallback).inc()
+        return seconds
 
 
 class _Collected(Collector):

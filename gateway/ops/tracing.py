@@ -15,44 +15,24 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING
 
 import msgspec
+
+from gateway.config import ConfigError, TelemetrySettings
+from gateway.ops.logs import request_id
+from gateway.pipeline.outcome import Decision
 
 if TYPE_CHECKING:
     from litestar.types import ASGIApp, Message, Receive, Scope, Send
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Span, Tracer
 
-    from gateway.metrics import Exchange
 
-# Where an OpenTelemetry Collector listens for OTLP/HTTP traces by default.
-DEFAULT_ENDPOINT = "http://localhost:4318/v1/traces"
 # The standard variables that turn tracing on when the config has no `telemetry`.
 TRACES_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
 SERVICE_NAME_ENV = "OTEL_SERVICE_NAME"
-
-
-class TelemetrySettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """OpenTelemetry traces: one span per HTTP request, exported over OTLP/HTTP
-    (protobuf) in batches from a background thread. A collector that is slow or down
-    never fails or slows a request; its spans are dropped."""
-
-    # The collector's OTLP/HTTP traces URL, path included.
-    endpoint: Annotated[str, msgspec.Meta(pattern=r"^https?://")] = DEFAULT_ENDPOINT
-    # service.name of every span, the name trace backends list the gateway under.
-    service_name: Annotated[str, msgspec.Meta(min_length=1)] = "satisfice"
-    # Fraction of requests traced, among those that arrive without a `traceparent`;
-    # a client's `traceparent` decides for its own requests (its sampled flag).
-    sample_ratio: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 1.0
-    # HTTP headers sent with every export: an API key, say.
-    headers: dict[str, str] = {}
-    # Seconds one export may take, retries included, before its spans are dropped; also
-    # the longest a stopping gateway waits for its last spans to go out.
-    export_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 10.0
-    # Longest a finished span waits before it is exported with the others of its batch.
-    batch_delay_ms: Annotated[int, msgspec.Meta(ge=1)] = 5000
 
 
 def from_environment(environ: Mapping[str, str]) -> TelemetrySettings | None:
@@ -61,8 +41,6 @@ def from_environment(environ: Mapping[str, str]) -> TelemetrySettings | None:
     ``OTEL_EXPORTER_OTLP_ENDPOINT`` with ``/v1/traces`` added, as the OTLP
     specification reads them; ``OTEL_SERVICE_NAME`` names the service. None when
     neither endpoint is set; a ConfigError naming the variable when one is not a URL."""
-    from gateway.config import ConfigError  # which imports this module
-
     variable = TRACES_ENDPOINT_ENV if environ.get(TRACES_ENDPOINT_ENV) else ENDPOINT_ENV
     if not environ.get(variable):
         return None
@@ -132,8 +110,6 @@ def server_spans(app: ASGIApp, tracer: Tracer) -> ASGIApp:
     from opentelemetry import context, trace
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-    from gateway.logs import request_id
-
     propagator = TraceContextTextMapPropagator()
     error = trace.Status(trace.StatusCode.ERROR)
 
@@ -202,21 +178,22 @@ def _route_of(scope: Scope) -> str | None:
     return template if isinstance(template, str) else None
 
 
-def chat_ended(exchange: Exchange, facts: Mapping[str, str]) -> None:
+def chat_ended(decision: Decision) -> None:
     """A chat completion's decision, on its request's span (when it is traced)."""
     span = _request_span.get()
     if span is None or not span.is_recording():
         return
-    attributes: dict[str, str | int | float] = {"satisfice.route": exchange.route}
-    for fact in ("model", "engine", "cache"):
-        if fact in facts:
-            attributes[f"satisfice.{fact}"] = facts[fact]
-    if exchange.stop is not None:
-        attributes["satisfice.loop.stop"] = exchange.stop
-    if exchange.fallback is not None:
-        attributes["satisfice.loop.fallback"] = exchange.fallback
-    if exchange.rounds is not None:
-        attributes["satisfice.loop.rounds"] = exchange.rounds
-    if exchange.confidence is not None:
-        attributes["satisfice.loop.confidence"] = exchange.confidence
+    attributes: dict[str, str | int | float] = {
+        "satisfice.route": decision.route,
+        "satisfice.model": decision.model,
+        "satisfice.cache": decision.cache,
+    }
+    if decision.engine is not None:
+        attributes["satisfice.engine"] = decision.engine
+    trace = decision.loop
+    if trace is not None:
+        attributes["satisfice.loop.stop"] = trace.stop
+        attributes["satisfice.loop.fallback"] = trace.fallback
+        attributes["satisfice.loop.rounds"] = len(trace.rounds)
+        attributes["satisfice.loop.confidence"] = trace.confidence
     span.set_attributes(attributes)

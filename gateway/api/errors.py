@@ -13,9 +13,14 @@ from litestar.exceptions import HTTPException, ValidationException
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
 from engines.base import EngineError, EngineOverloaded, EngineUnavailable, PromptTooLong
-from gateway.openai_types import ErrorBody, ErrorResponse
+from gateway.api.wire import ErrorBody, ErrorResponse
+from gateway.pipeline.outcome import RefusalKind, Refused
 
 log = logging.getLogger("satisfice.gateway")
+
+
+class ClientGone(Exception):
+    """The client left before its answer was ready; the work for it has stopped."""
 
 
 class APIError(Exception):
@@ -61,6 +66,25 @@ class APIError(Exception):
             code="engine_error",
         )
 
+    @classmethod
+    def from_refusal(cls, exc: Refused) -> APIError:
+        status, type_ = _REFUSALS[exc.kind]
+        return cls(
+            status, exc.message, type=type_, param=exc.param, code=exc.kind,
+            retry_after_s=exc.retry_after_s,
+        )  # fmt: skip
+
+    @classmethod
+    def of(cls, exc: BaseException) -> APIError | None:
+        """What a client hears for ``exc``, when it is one the API answers on purpose."""
+        if isinstance(exc, APIError):
+            return exc
+        if isinstance(exc, Refused):
+            return cls.from_refusal(exc)
+        if isinstance(exc, EngineError):
+            return cls.from_engine(exc)
+        return None
+
     def response(self) -> Response[bytes]:
         headers = {}
         if self.retry_after_s is not None:
@@ -72,6 +96,15 @@ class APIError(Exception):
             headers=headers,
         )
 
+
+# The status and error type of each reason the pipeline refuses a request.
+_REFUSALS: dict[RefusalKind, tuple[int, str]] = {
+    "model_not_found": (404, "invalid_request_error"),
+    "cache_miss": (504, "server_error"),
+    "embedder_overloaded": (429, "rate_limit_error"),
+    "superseded": (409, "invalid_request_error"),
+    "deadline_exceeded": (504, "server_error"),
+}
 
 _CHAT_PATH = "/v1/chat/completions"
 _MISSING = re.compile(r"missing required field `([^`]+)`")
@@ -110,6 +143,10 @@ def _engine_error(_: Request[Any, Any, Any], exc: EngineError) -> Response[bytes
     return _answered(exc, APIError.from_engine(exc).response())
 
 
+def _refused(_: Request[Any, Any, Any], exc: Refused) -> Response[bytes]:
+    return _answered(exc, APIError.from_refusal(exc).response())
+
+
 def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
     if request.scope["path"] == _CHAT_PATH and exc.status_code in (400, 413):
         # A body refused before the handler, which counts every other chat request, ran.
@@ -135,6 +172,11 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
     return _answered(exc, error.response())
 
 
+def _client_gone(_: Request[Any, Any, Any], exc: ClientGone) -> Response[bytes]:
+    # Nobody reads it; nginx's 499 says why in any log that sees it.
+    return _answered(exc, Response(b"", status_code=499))
+
+
 def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     error = APIError(HTTP_500_INTERNAL_SERVER_ERROR, "internal error", type="server_error")
@@ -144,6 +186,8 @@ def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[byt
 EXCEPTION_HANDLERS = {
     APIError: _api_error,
     EngineError: _engine_error,
+    Refused: _refused,
+    ClientGone: _client_gone,
     HTTPException: _http_error,
     Exception: _unexpected,
 }

@@ -1,0 +1,115 @@
+"""The x-satisfice-* headers: what a client may ask for with them, and what the response
+says about the decision. Both ways, here and nowhere else."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import msgspec
+
+from evaluator.loop import LoopTrace
+from gateway.api.errors import APIError
+from gateway.pipeline.outcome import Decision
+from gateway.pipeline.policy import CacheControl
+
+DEADLINE_HEADER = "x-satisfice-deadline-ms"
+CONVERSATION_HEADER = "x-satisfice-conversation"
+CACHE_HEADER = "x-satisfice-cache"
+TRACE_HEADER = "x-satisfice-trace"
+SUPERSEDED_HEADER = "x-satisfice-superseded-ms"
+
+
+class RequestHeaders(msgspec.Struct, frozen=True, kw_only=True):
+    """What a request's headers ask of the gateway."""
+
+    deadline_ms: int | None  # the client's own deadline; it only shortens the config's
+    conversation: str | None  # the conversation a request continues, if it names one
+    cache: CacheControl
+    trace: bool  # the decision trace in a plain answer's body
+
+
+def read_headers(headers: Mapping[str, str]) -> RequestHeaders:
+    """The request's x-satisfice-* and Cache-Control headers; 400 for a bad value."""
+    return RequestHeaders(
+        deadline_ms=_deadline_ms(headers),
+        conversation=headers.get(CONVERSATION_HEADER) or None,
+        cache=_cache_control(headers),
+        trace=headers.get(TRACE_HEADER, "").strip().lower() in ("1", "true", "yes"),
+    )
+
+
+def _deadline_ms(headers: Mapping[str, str]) -> int | None:
+    raw = headers.get(DEADLINE_HEADER)
+    if raw is None:
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise APIError(
+            400,
+            f"{DEADLINE_HEADER} is {raw!r}; send a whole number of milliseconds, at least 1",
+            param=DEADLINE_HEADER,
+        )
+    return value
+
+
+def _cache_control(headers: Mapping[str, str]) -> CacheControl:
+    """``x-satisfice-cache: bypass`` (do not look up), ``no-store`` (do not keep the
+    answer), or both; HTTP's own ``Cache-Control: no-cache`` / ``no-store`` mean the
+    same, and ``only-if-cached`` answers a miss with 504 instead of generating (RFC
+    9111, 5.2.1.7)."""
+    tokens = {t.strip().lower() for t in headers.get(CACHE_HEADER, "").split(",") if t.strip()}
+    unknown = tokens - {"bypass", "no-store"}
+    if unknown:
+        raise APIError(
+            400,
+            f"{CACHE_HEADER} has {', '.join(sorted(unknown))}; use bypass, no-store or both",
+            param=CACHE_HEADER,
+        )
+    standard = {t.strip().lower() for t in headers.get("cache-control", "").split(",")}
+    return CacheControl(
+        lookup="bypass" not in tokens and "no-cache" not in standard,
+        store="no-store" not in tokens and "no-store" not in standard,
+        only_cached="only-if-cached" in standard,
+    )
+
+
+def decision_headers(decision: Decision) -> dict[str, str]:
+    """What the response says about its decision. Called when the response begins:
+    for a stream, before the answer; for a plain answer, after it, when the loop's
+    trace and the engine's time are known too."""
+    headers: dict[str, str] = {CACHE_HEADER: decision.cache}
+    if decision.engine is not None:
+        headers["x-satisfice-engine"] = decision.engine
+    if decision.similarity is not None:
+        headers["x-satisfice-cache-similarity"] = f"{decision.similarity:.4f}"
+    if decision.difficulty is not None:  # routed
+        thought = decision.route in ("loop", "fallback")
+        headers["x-satisfice-route"] = "loop" if thought else decision.route
+        headers["x-satisfice-difficulty"] = f"{decision.difficulty:.4f}"
+    if decision.escalated_from is not None:
+        headers["x-satisfice-escalated-from"] = decision.escalated_from
+    if decision.failover is not None:
+        headers["x-satisfice-failover"] = decision.failover
+    if decision.superseded_ms is not None:
+        headers[SUPERSEDED_HEADER] = f"{decision.superseded_ms:.1f}"
+    if decision.confidence is not None:
+        headers["x-satisfice-confidence"] = f"{decision.confidence:.4f}"
+    if decision.loop is not None:
+        headers.update(_loop_headers(decision.loop))
+    if decision.engine_s is not None:
+        # Server-Timing lets a client tell the engine's time from the gateway's own.
+        headers["Server-Timing"] = f"engine;dur={decision.engine_s * 1000:.3f}"
+    return headers
+
+
+def _loop_headers(trace: LoopTrace) -> dict[str, str]:
+    return {
+        "x-satisfice-stop": trace.stop,
+        "x-satisfice-fallback": trace.fallback,
+        "x-satisfice-rounds": str(len(trace.rounds)),
+        "x-satisfice-branches": str(sum(len(r.branches) for r in trace.rounds)),
+        "x-satisfice-tokens": str(trace.tokens),
+    }

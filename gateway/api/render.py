@@ -1,0 +1,196 @@
+"""An outcome as OpenAI's wire format: the whole answer as one completion, or each
+event as a server-sent chunk the moment it comes. The one place either is written."""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable, Sequence
+
+import msgspec
+
+from engines.base import EngineError
+from engines.base import TokenLogprob as EngineLogprob
+from gateway.api.errors import APIError
+from gateway.api.wire import (
+    SSE_DONE,
+    AssistantMessage,
+    ChatCompletion,
+    ChatCompletionChunk,
+    Choice,
+    ChoiceLogprobs,
+    ChunkChoice,
+    ChunkDelta,
+    DecisionTrace,
+    ErrorResponse,
+    ThoughtChunk,
+    ThoughtCompletion,
+    TokenLogprob,
+    TopLogprob,
+    TracedCompletion,
+    Usage,
+    encode_sse,
+)
+from gateway.pipeline.outcome import Decision, Finished, Outcome, Reasoning, Refused, TextDelta
+
+
+class Reply(msgspec.Struct, frozen=True, kw_only=True):
+    """What the response carries besides the answer."""
+
+    id: str
+    created: int
+    model: str
+    include_usage: bool  # a stream ends with a usage chunk
+    trace: bool  # the decision trace in a plain answer's body
+
+
+async def completion(outcome: Outcome, reply: Reply) -> bytes:
+    """The whole answer as one chat completion (JSON). Raises what the answer raised."""
+    texts: defaultdict[int, list[str]] = defaultdict(list)
+    logprobs: defaultdict[int, list[EngineLogprob]] = defaultdict(list)
+    asked_logprobs = False
+    end: Finished | None = None
+    async with contextlib.aclosing(outcome.events) as events:
+        async for event in events:
+            if isinstance(event, TextDelta):
+                texts[event.index].append(event.text)
+                if event.logprobs is not None:
+                    asked_logprobs = True
+                    logprobs[event.index].extend(event.logprobs)
+            elif isinstance(event, Finished):
+                end = event
+    if end is None:  # pragma: no cover - every answer ends with Finished or raises
+        raise RuntimeError("the answer ended without finishing")
+    choices = [
+        Choice(
+            index,
+            AssistantMessage("".join(texts[index])),
+            reason,
+            _logprobs(logprobs[index]) if asked_logprobs else None,
+        )
+        for index, reason in enumerate(end.finish_reasons)
+    ]
+    decision = outcome.decision
+    body = ChatCompletion(
+        id=reply.id, created=reply.created, model=reply.model, choices=choices, usage=_usage(end)
+    )
+    if decision.loop is not None:
+        body = ThoughtCompletion(**msgspec.structs.asdict(body), satisfice=decision.loop)
+    elif reply.trace:
+        body = TracedCompletion(**msgspec.structs.asdict(body), satisfice=decision_trace(decision))
+    return msgspec.json.encode(body)
+
+
+async def chunks(
+    outcome: Outcome, reply: Reply, on_first: Callable[[], None], on_end: Callable[[int], None]
+) -> AsyncIterator[bytes]:
+    """The answer as server-sent events. An error after the first chunk goes in the
+    stream; ``on_end`` hears the status the exchange ended with (499: the client left)."""
+    decision = outcome.decision
+    started: set[int] = set()
+    status = 499  # until the stream has been sent whole, or failed on its own
+
+    def chunk(choices: list[ChunkChoice], usage: Usage | None = None) -> bytes:
+        return encode_sse(
+            ChatCompletionChunk(
+                id=reply.id, created=reply.created, model=reply.model, choices=choices,
+                usage=usage,
+            )
+        )  # fmt: skip
+
+    def opening(index: int) -> bytes:
+        """The chunk that gives choice ``index`` its role, once; it leaves with the
+        choice's first text in one write (one wake-up of the client, not two)."""
+        if index in started:
+            return b""
+        started.add(index)
+        return chunk([ChunkChoice(index, ChunkDelta(role="assistant", content=""))])
+
+    try:
+        async with contextlib.aclosing(outcome.events) as events:
+            first = True
+            async for event in events:
+                if first:
+                    first = False
+                    on_first()
+                if isinstance(event, Reasoning):
+                    delta = ChunkDelta(reasoning_content=event.text)
+                    yield opening(0) + chunk([ChunkChoice(0, delta)])
+                elif isinstance(event, TextDelta):
+                    logprobs = None if event.logprobs is None else _logprobs(event.logprobs)
+                    text = ChunkChoice(event.index, ChunkDelta(content=event.text), None, logprobs)
+                    yield opening(event.index) + chunk([text])
+                else:
+                    yield _ending(event, decision, reply, opening, chunk)
+            status = 200
+    except (Refused, EngineError) as exc:  # the response has begun: the error goes in it
+        error = APIError.of(exc)
+        assert error is not None
+        status = 200
+        yield encode_sse(ErrorResponse(error.body))
+    except Exception:
+        status = 500
+        raise
+    finally:
+        on_end(status)
+
+
+def _ending(
+    end: Finished,
+    decision: Decision,
+    reply: Reply,
+    opening: Callable[[int], bytes],
+    chunk: Callable[[list[ChunkChoice], Usage | None], bytes],
+) -> bytes:
+    """Each choice's finish, the loop's trace on the last chunk, usage, and the end."""
+    parts = []
+    for index, reason in enumerate(end.finish_reasons):
+        finish = [ChunkChoice(index, ChunkDelta(), reason)]
+        if decision.loop is not None and index == 0:
+            last = ThoughtChunk(
+                id=reply.id, created=reply.created, model=reply.model, choices=finish,
+                satisfice=decision.loop,
+            )  # fmt: skip
+            parts.append(opening(index) + encode_sse(last))
+        else:
+            parts.append(opening(index) + chunk(finish, None))
+    if reply.include_usage:
+        parts.append(chunk([], _usage(end)))
+    parts.append(SSE_DONE)
+    return b"".join(parts)
+
+
+def decision_trace(decision: Decision) -> DecisionTrace:
+    """The decision as a client that asks with ``x-satisfice-trace: true`` sees it."""
+    return DecisionTrace(
+        tenant=decision.tenant,
+        route=decision.route,
+        engine=decision.engine,
+        cache=decision.cache,
+        similarity=decision.similarity,
+        difficulty=decision.difficulty,
+        confidence=decision.confidence,
+        failover=decision.failover,
+    )
+
+
+def _usage(end: Finished) -> Usage:
+    return Usage(
+        end.prompt_tokens, end.completion_tokens, end.prompt_tokens + end.completion_tokens
+    )
+
+
+def _logprobs(tokens: Sequence[EngineLogprob]) -> ChoiceLogprobs:
+    return ChoiceLogprobs(
+        [
+            TokenLogprob(
+                token=t.token,
+                logprob=t.logprob,
+                bytes=list(t.token.encode("utf-8")),
+                top_logprobs=[
+                    TopLogprob(a.token, a.logprob, list(a.token.encode("utf-8"))) for a in t.top
+                ],
+            )
+            for t in tokens
+        ]
+    )

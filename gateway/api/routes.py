@@ -1,0 +1,266 @@
+"""The OpenAI-compatible routes, the probes and /metrics.
+
+A chat request is read here (its headers, its body checked against the limits, its
+key's rate limit), handed to the pipeline with the settings resolved for it, and its
+outcome rendered; the metrics, the access log and the trace span hear how it ended
+from the decision, in one place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+from litestar import Request, Response, get, post
+from litestar.connection import ASGIConnection
+from litestar.datastructures import State
+from litestar.exceptions import HTTPException
+from litestar.handlers.base import BaseRouteHandler
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.response import Stream
+from litestar.types import ASGIApp
+
+from engines.base import EngineError
+from gateway.api import render
+from gateway.api.auth import Caller
+from gateway.api.errors import APIError, ClientGone
+from gateway.api.headers import decision_headers, read_headers
+from gateway.api.validate import chat_request
+from gateway.api.wire import ChatCompletion, ChatCompletionRequest, ErrorResponse, Model, ModelList
+from gateway.config import AUTO_MODEL, GatewayConfig
+from gateway.ops import logs, tracing
+from gateway.ops.metrics import CLIENT_CLOSED, CONTENT_TYPE, Exchange
+from gateway.pipeline.outcome import SERVED, Decision, Outcome, Refused
+from gateway.pipeline.pipeline import Pipeline
+from gateway.pipeline.policy import resolve
+from gateway.runtime import Runtime
+from router.router import RouteDecision
+
+_CHAT_RESPONSES_DOC = "A chat completion, or with `stream: true` a text/event-stream of chunks."
+_KEY_ERRORS = {401: ResponseSpec(ErrorResponse, description="No API key, or an unknown one")}
+
+
+def require_key(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    """Before the body is read: who is calling (401 without a valid key, when keys are
+    configured), and the config this request keeps to its end, even across a reload."""
+    runtime: Runtime = connection.app.state.runtime
+    # Read together, with no await between them: apply() replaces both at once.
+    config, keys = runtime.config, runtime.keys
+    connection.state.config = config
+    connection.state.caller = keys.caller(connection.headers)
+
+
+def _ready(state: State) -> Runtime:
+    runtime: Runtime = state.runtime
+    if not runtime.ready:
+        reason = runtime.failure or "models are still loading"
+        raise APIError(
+            503, f"not ready: {reason}", type="server_error", code="not_ready", retry_after_s=5
+        )
+    return runtime
+
+
+# The handler returns finished ASGI responses: given a Stream, Litestar would still
+# apply the route's JSON media type. `responses` keeps the OpenAPI schema complete.
+@post(
+    "/v1/chat/completions",
+    description=_CHAT_RESPONSES_DOC,
+    status_code=200,
+    guards=[require_key],
+    responses={
+        200: ResponseSpec(ChatCompletion, description="The completion (without `stream`)"),
+        400: ResponseSpec(ErrorResponse, description="Invalid request"),
+        **_KEY_ERRORS,
+        404: ResponseSpec(ErrorResponse, description="Unknown model"),
+        429: ResponseSpec(
+            ErrorResponse,
+            description="The key's rate limit, or an engine's queue, is full; see Retry-After",
+        ),
+        409: ResponseSpec(ErrorResponse, description="A newer turn replaced this request"),
+        413: ResponseSpec(ErrorResponse, description="Body larger than the limit"),
+        502: ResponseSpec(ErrorResponse, description="The engine failed"),
+        503: ResponseSpec(ErrorResponse, description="Not ready, or engine unavailable"),
+        504: ResponseSpec(
+            ErrorResponse,
+            description="Cache-Control: only-if-cached and nothing cached, or the deadline "
+            "passed and the fallback policy is error",
+        ),
+    },
+)
+async def chat_completions(
+    data: ChatCompletionRequest, state: State, request: Request[Any, Any, Any]
+) -> ASGIApp:
+    arrived = time.monotonic()
+    runtime: Runtime = state.runtime
+    caller: Caller = request.state.caller
+    decision = Decision(tenant=caller.tenant, model=data.model)
+    exchange = runtime.metrics.exchange()
+
+    def end(status: int) -> None:
+        """How the exchange ended, once, for the metrics, the access log and the span."""
+        seconds = exchange.ended(decision, status)
+        if seconds is not None:
+            logs.access(decision, status, seconds, caller.key)
+            tracing.chat_ended(decision)
+
+    try:
+        response = await _chat(state, request, data, decision, arrived, exchange, end)
+    except BaseException as exc:
+        end(_status(exc))
+        raise
+    return response.to_asgi_response(None, request)
+
+
+async def _chat(
+    state: State,
+    request: Request[Any, Any, Any],
+    data: ChatCompletionRequest,
+    decision: Decision,
+    arrived: float,
+    exchange: Exchange,
+    end: Callable[[int], None],
+) -> Response[Any]:
+    runtime = _ready(state)
+    pipeline: Pipeline = state.pipeline
+    config: GatewayConfig = request.state.config
+    caller: Caller = request.state.caller
+    asked = read_headers(request.headers)
+    chat = chat_request(data, runtime.engines, runtime.router is not None, config.server)
+    if caller.limits is not None:
+        cost = chat.prompt_tokens + chat.params.max_tokens
+        await runtime.limiter.admit(caller.key or "", caller.limits, cost)
+    policy = resolve(
+        config,
+        caller.tenant,
+        arrived=arrived,
+        asked_deadline_ms=asked.deadline_ms,
+        control=asked.cache,
+        conversation=asked.conversation or data.user,
+    )
+    outcome = await pipeline.run(chat, policy, decision)
+    reply = render.Reply(
+        id=f"chatcmpl-{uuid.uuid4().hex}",
+        created=int(time.time()),
+        model=data.model,
+        include_usage=chat.include_usage,
+        trace=asked.trace,
+    )
+    if data.stream:
+        body = render.chunks(outcome, reply, lambda: exchange.first_byte(decision.route), end)
+        headers = {**decision_headers(decision), "Cache-Control": "no-cache"}
+        return Stream(body, media_type="text/event-stream", headers=headers)
+    try:
+        if decision.cache in SERVED:  # in hand: nothing to stop if the client leaves
+            completion = await render.completion(outcome, reply)
+        else:
+            completion = await _unless_gone(request, outcome, reply)
+    except (Refused, EngineError) as exc:
+        # Refused once the answer was under way (the loop's deadline with the error
+        # fallback, a newer turn): the error says what was decided up to then.
+        error = APIError.of(exc)
+        assert error is not None
+        end(error.status)
+        refusal = error.response()
+        refusal.headers.update(decision_headers(decision))
+        return refusal
+    end(200)
+    return Response(completion, media_type="application/json", headers=decision_headers(decision))
+
+
+async def _unless_gone(
+    request: Request[Any, Any, Any], outcome: Outcome, reply: render.Reply
+) -> bytes:
+    """The whole answer, unless the client leaves first: then the work stops at once
+    (within a token), as a closed stream stops it, and the exchange ends with 499."""
+    answering = asyncio.ensure_future(render.completion(outcome, reply))
+    leaving = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait((answering, leaving), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        leaving.cancel()
+        if not answering.done():
+            answering.cancel()
+    if answering.cancelled():
+        raise ClientGone
+    return answering.result()
+
+
+async def _disconnect(request: Request[Any, Any, Any]) -> None:
+    # With the body read, the server's next message for this request is its end.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _status(exc: BaseException) -> int:
+    """The HTTP status the client gets for an exception out of a chat request."""
+    error = APIError.of(exc)
+    if error is not None:
+        return error.status
+    if isinstance(exc, HTTPException):
+        return exc.status_code
+    if isinstance(exc, (ClientGone, asyncio.CancelledError)):
+        return CLIENT_CLOSED
+    return 500
+
+
+@post(
+    "/v1/route",
+    status_code=200,
+    description="The routing decision for a chat request, explained, without generating.",
+    guards=[require_key],
+    responses={
+        400: ResponseSpec(ErrorResponse, description="Invalid request"),
+        **_KEY_ERRORS,
+        404: ResponseSpec(ErrorResponse, description="Routing is turned off"),
+        413: ResponseSpec(ErrorResponse, description="Body larger than the limit"),
+        503: ResponseSpec(ErrorResponse, description="Not ready"),
+    },
+)
+async def explain_route(
+    data: ChatCompletionRequest, state: State, request: Request[Any, Any, Any]
+) -> RouteDecision:
+    runtime = _ready(state)
+    pipeline: Pipeline = state.pipeline
+    config: GatewayConfig = request.state.config
+    caller: Caller = request.state.caller
+    routed = msgspec.structs.replace(data, model=AUTO_MODEL)
+    chat = chat_request(routed, runtime.engines, runtime.router is not None, config.server)
+    policy = resolve(config, caller.tenant, arrived=time.monotonic())
+    return await pipeline.route(chat, policy)
+
+
+@get("/v1/models", guards=[require_key], responses=_KEY_ERRORS)
+async def list_models(state: State) -> ModelList:
+    runtime: Runtime = state.runtime
+    names = [*runtime.engines, *([AUTO_MODEL] if runtime.router else [])]
+    return ModelList([Model(name, state.started_at) for name in names])
+
+
+@get("/metrics", include_in_schema=False)
+async def metrics(state: State) -> Response[bytes]:
+    """Prometheus' text exposition of this replica's metrics."""
+    runtime: Runtime = state.runtime
+    return Response(runtime.metrics.exposition(), media_type=CONTENT_TYPE)
+
+
+@get("/healthz")
+async def healthz() -> dict[str, str]:
+    """The process is alive and its event loop answers."""
+    return {"status": "ok"}
+
+
+@get("/readyz")
+async def readyz(state: State) -> Response[dict[str, object]]:
+    """Every engine has loaded: the replica can take traffic."""
+    runtime: Runtime = state.runtime
+    body: dict[str, object] = {"ready": runtime.ready, "engines": list(runtime.engines)}
+    if runtime.failure:
+        body["error"] = runtime.failure
+    return Response(body, status_code=200 if runtime.ready else 503)
+
+
+ROUTES = [chat_completions, explain_route, list_models, healthz, readyz, metrics]

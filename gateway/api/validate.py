@@ -1,0 +1,113 @@
+"""From OpenAI's request to the pipeline's: checked against the config's limits, in the
+engines' terms. Everything refused here is a 4xx that names the field at fault."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from engines.base import Engine, Message, SamplingParams
+from gateway.api.errors import APIError
+from gateway.api.wire import ChatCompletionRequest, ChatMessage
+from gateway.config import AUTO_MODEL, ServerSettings
+from gateway.pipeline.request import ChatRequest
+
+
+def chat_request(
+    request: ChatCompletionRequest,
+    engines: Mapping[str, Engine],
+    routing: bool,
+    limits: ServerSettings,
+) -> ChatRequest:
+    """``request`` checked; ``routing`` says whether the model "auto" exists."""
+    if request.model == AUTO_MODEL and not routing:
+        raise unknown_model(request.model, engines, " (routing is turned off)")
+    if request.model != AUTO_MODEL and request.model not in engines:
+        raise unknown_model(request.model, engines)
+    if len(request.messages) > limits.max_messages:
+        raise APIError(
+            400,
+            f"{len(request.messages)} messages is more than the limit of {limits.max_messages}",
+            param="messages",
+        )
+    params = _params(request, limits)
+    messages = _messages(request.messages)
+    prompt_tokens = prompt_tokens_estimate(messages)
+    if limits.max_prompt_tokens is not None and prompt_tokens > limits.max_prompt_tokens:
+        raise APIError(
+            400,
+            f"the prompt is about {prompt_tokens} tokens (UTF-8 bytes / 4); this gateway "
+            f"allows at most {limits.max_prompt_tokens}",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    return ChatRequest(
+        model=request.model,
+        messages=messages,
+        params=params,
+        temperature=request.temperature,
+        include_usage=bool(request.stream_options and request.stream_options.include_usage),
+        prompt_tokens=prompt_tokens,
+    )
+
+
+def _params(request: ChatCompletionRequest, limits: ServerSettings) -> SamplingParams:
+    max_tokens = request.max_completion_tokens or request.max_tokens or limits.default_max_tokens
+    if max_tokens > limits.max_tokens_cap:
+        param = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
+        raise APIError(
+            400,
+            f"{param} is {max_tokens}; this gateway allows at most {limits.max_tokens_cap}",
+            param=param,
+        )
+    n = request.n or 1
+    if n > limits.max_n:
+        raise APIError(400, f"n is {n}; this gateway allows at most {limits.max_n}", param="n")
+    if request.top_logprobs and not request.logprobs:
+        raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
+    stop = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=1.0 if request.temperature is None else request.temperature,
+        top_p=1.0 if request.top_p is None else request.top_p,
+        stop=stop,
+        n=n,
+        seed=request.seed,
+        frequency_penalty=request.frequency_penalty or 0.0,
+        presence_penalty=request.presence_penalty or 0.0,
+        logprobs=bool(request.logprobs),
+        top_logprobs=request.top_logprobs or 0,
+    )
+
+
+def prompt_tokens_estimate(messages: Sequence[Message]) -> int:
+    """About four UTF-8 bytes a token, the usual rule for English text: the gateway
+    has no tokenizer of each engine's, and the engine counts exactly anyway."""
+    return -(-sum(len(m.content.encode()) for m in messages) // 4)
+
+
+def unknown_model(model: str, engines: Mapping[str, Engine], hint: str = "") -> APIError:
+    return APIError(
+        404,
+        f"model {model!r} does not exist{hint}; available: {', '.join(engines)}",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def _messages(messages: Sequence[ChatMessage]) -> tuple[Message, ...]:
+    out = []
+    for i, message in enumerate(messages):
+        content = message.content
+        if isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                if part.type != "text" or part.text is None:
+                    raise APIError(
+                        400,
+                        f"content part of type {part.type!r} is not supported; send text parts",
+                        param=f"messages[{i}].content[{j}]",
+                    )
+                texts.append(part.text)
+            content = "\n".join(texts)
+        out.append(Message(message.role, content or ""))
+    return tuple(out)

@@ -1,0 +1,85 @@
+"""A request's settings, resolved once at its start: the config in force when it
+arrived, its tenant's overrides, its deadlines and what the client let the cache do.
+
+A reload while the request runs changes nothing about it, and nothing further down
+asks the config or the tenant again.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from cache.settings import CacheSettings
+from evaluator.loop import FallbackSettings
+from evaluator.policy import LoopSettings
+from gateway.config import GatewayConfig
+
+
+class CacheControl(msgspec.Struct, frozen=True):
+    """What the client lets the cache do for this request."""
+
+    lookup: bool = True
+    store: bool = True
+    only_cached: bool = False  # a miss is an error, not an engine call
+
+
+ALL_CACHE = CacheControl()
+
+
+class Policy(msgspec.Struct, frozen=True, kw_only=True):
+    tenant: str
+    arrived: float  # time.monotonic() seconds
+    # Per engine, milliseconds from arrival: the tenant's or the SLA's deadline, or the
+    # client's own when shorter; an engine without either is absent.
+    deadline_ms: dict[str, int]
+    fallback: FallbackSettings  # what answers when the loop's deadline comes
+    router_threshold: float | None  # None: the router model file's own
+    loop: LoopSettings | None  # None: no loop
+    cache: CacheSettings | None  # None: no cache
+    control: CacheControl
+    conversation: str | None  # the conversation this request is a turn of, if it says
+
+    def deadline(self, engine: str) -> float | None:
+        """When a request answered by ``engine`` is out of time (monotonic seconds)."""
+        ms = self.deadline_ms.get(engine)
+        return None if ms is None else self.arrived + ms / 1000
+
+
+def resolve(
+    config: GatewayConfig,
+    tenant: str,
+    *,
+    arrived: float,
+    asked_deadline_ms: int | None = None,
+    control: CacheControl = ALL_CACHE,
+    conversation: str | None = None,
+) -> Policy:
+    """``config``'s settings for one request of ``tenant``; ``asked_deadline_ms`` only
+    shortens a deadline, never lengthens it."""
+    own = config.tenant(tenant)
+    deadlines = {}
+    for engine in config.engines:
+        limits = [ms for ms in (config.deadline_ms(tenant, engine), asked_deadline_ms) if ms]
+        if limits:
+            deadlines[engine] = min(limits)
+    cache = config.cache
+    if cache is not None and own.similarity_threshold is not None:
+        cache = msgspec.structs.replace(cache, similarity_threshold=own.similarity_threshold)
+    loop = config.loop
+    if loop is not None and own.loop_threshold is not None:
+        loop = msgspec.structs.replace(loop, threshold=own.loop_threshold)
+    router_threshold = own.router_threshold
+    if router_threshold is None and config.router is not None:
+        router_threshold = config.router.threshold
+    return Policy(
+        tenant=tenant,
+        arrived=arrived,
+        deadline_ms=deadlines,
+        fallback=config.fallback(tenant),
+        router_threshold=router_threshold,
+        loop=loop,
+        cache=cache,
+        control=control,
+        # The tenant scopes the conversation: one tenant's turn never stops another's.
+        conversation=None if conversation is None else f"{tenant}\x00{conversation}",
+    )

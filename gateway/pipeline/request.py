@@ -1,0 +1,31 @@
+"""A chat request as the pipeline takes it: checked against the config's limits by the
+HTTP layer, in the engines' terms, with nothing of HTTP left in it."""
+
+from __future__ import annotations
+
+import msgspec
+
+from engines.base import Message, SamplingParams
+
+
+class ChatRequest(msgspec.Struct, frozen=True, kw_only=True):
+    model: str  # an engine's name, or "auto" for the router to choose
+    messages: tuple[Message, ...]
+    params: SamplingParams
+    # The temperature as the client sent it, None when it sent none: the cache keeps
+    # only answers to requests that did not ask for sampling.
+    temperature: float | None
+    include_usage: bool  # a stream ends with a usage chunk
+    # The prompt's size by the gateway's estimate (UTF-8 bytes / 4): what rate limits
+    # charge before the engine has counted.
+    prompt_tokens: int
+
+    @property
+    def last_user_turn(self) -> str:
+        """What the cache and the router compare: the last user turn (else the last turn)."""
+        return last_user_turn(self.messages) or self.messages[-1].content
+
+
+def last_user_turn(messages: tuple[Message, ...]) -> str:
+    """The content of the last user message; empty when there is none."""
+    return next((m.content for m in reversed(messages) if m.role == "user"), "")

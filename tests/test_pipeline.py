@@ -1,0 +1,119 @@
+"""The pipeline as one transport-free call, on the bundled models: what it decides and
+what it keeps, read from the typed decision and the cache itself."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import msgspec
+import pytest
+
+from engines.base import Message, SamplingParams
+from gateway.api.validate import chat_request
+from gateway.api.wire import ChatCompletionRequest, ChatMessage
+from gateway.config import parse_config
+from gateway.pipeline.outcome import Decision, Finished, Outcome, TextDelta
+from gateway.pipeline.pipeline import Pipeline, token_confidence
+from gateway.pipeline.policy import CacheControl, resolve
+from gateway.pipeline.request import ChatRequest
+from gateway.runtime import Runtime
+
+# The bundled router sends this question to the small engine; escalation is on, but
+# so low that the small engine's answer always stands.
+EASY = "What is 2+2?"
+CONFIG = """
+router: {model_file: bundled, small_engine: small, large_engine: large}
+loop: {calibrator: bundled, escalate_below: 0.000001}
+cache: {store: {kind: memory}}
+engines:
+  small: {backend: llama_cpp, model: smollm2-135m-instruct}
+  large:
+    backend: llama_cpp
+    model: gemma3-270m
+    template: {preamble: "", stop: ["\\n"]}
+"""
+
+
+@pytest.fixture(scope="module")
+async def runtime() -> AsyncIterator[Runtime]:
+    runtime = Runtime(parse_config(CONFIG))
+    await runtime.start()
+    assert runtime.ready, runtime.failure
+    yield runtime
+    await runtime.close()
+
+
+def _request(runtime: Runtime, question: str, max_tokens: int = 32) -> ChatRequest:
+    wire = ChatCompletionRequest(
+        model="auto", messages=[ChatMessage("user", question)], max_tokens=max_tokens, temperature=0
+    )
+    return chat_request(wire, runtime.engines, routing=True, limits=runtime.config.server)
+
+
+async def _answer(
+    runtime: Runtime, pipeline: Pipeline, request: ChatRequest, control: CacheControl
+) -> Outcome:
+    """The whole answer through the pipeline, its write-back finished."""
+    policy = resolve(runtime.config, "default", arrived=time.monotonic(), control=control)
+    outcome = await pipeline.run(request, policy, Decision(tenant="default", model=request.model))
+    events = [event async for event in outcome.events]
+    assert isinstance(events[0], TextDelta) and isinstance(events[-1], Finished)
+    await asyncio.gather(*runtime.background)
+    return outcome
+
+
+async def test_a_kept_small_answer_is_cached_by_its_calibrated_confidence(
+    runtime: Runtime,
+) -> None:
+    """The evaluator scored the small engine's answer before it let it stand: that
+    P(correct), not the answer's mean token probability, is what cache.write_confidence
+    is compared with."""
+    pipeline = Pipeline(runtime)
+    request = _request(runtime, EASY)
+    looked = await _answer(runtime, pipeline, request, CacheControl(lookup=False, store=False))
+    decision = looked.decision
+    assert decision.route == "small" and decision.escalated_from is None
+    assert decision.confidence is not None
+    calibrated = decision.confidence
+    # The same greedy answer's token probabilities, as the engine gives them.
+    small = runtime.engines["small"]
+    params = msgspec.structs.replace(request.params, logprobs=True)
+    token_mean = token_confidence(await small.generate(request.messages, params))
+    assert calibrated < token_mean, "the two scales must differ for this test to tell them"
+
+    cache = runtime.cache
+    assert cache is not None
+    settings = cache.settings
+    cache.settings = msgspec.structs.replace(
+        settings, write_confidence=(calibrated + token_mean) / 2
+    )
+    stored, refused = cache.counters.writes, cache.counters.writes_below_confidence
+    try:
+        await _answer(runtime, pipeline, request, CacheControl(lookup=False, store=True))
+    finally:
+        cache.settings = settings
+    assert cache.counters.writes == stored  # below the bar by its calibrated P
+    assert cache.counters.writes_below_confidence == refused + 1
+
+
+async def test_a_whole_answer_is_kept_and_then_served_without_routing(runtime: Runtime) -> None:
+    pipeline = Pipeline(runtime)
+    request = _request(runtime, "What colour is the sky?", max_tokens=64)
+    first = await _answer(runtime, pipeline, request, CacheControl())
+    assert first.decision.cache == "miss" and first.decision.difficulty is not None
+    # Asked again: the exact path answers it, with no engine call and no route.
+    again = await _answer(runtime, pipeline, request, CacheControl())
+    assert again.decision.cache == again.decision.route == "exact"
+    assert again.decision.difficulty is None
+    assert again.decision.engine == first.decision.engine
+
+
+def test_a_request_in_engine_terms() -> None:
+    config = parse_config(CONFIG)
+    runtime = Runtime(config)
+    request = _request(runtime, EASY, max_tokens=7)
+    assert request.messages == (Message("user", EASY),)
+    assert request.params == SamplingParams(max_tokens=7, temperature=0.0)
+    assert request.temperature == 0.0 and request.last_user_turn == EASY
