@@ -249,27 +249,17 @@ def brier_score(probabilities: npt.ArrayLike, labels: npt.ArrayLike) -> float:
 
 
 def roc_auc(scores: npt.ArrayLike, labels: npt.ArrayLike) -> float:
-    """How often a correct answer outscores a wrong one (ties count half): Mann-Whitney
-    U over average ranks, as sklearn's roc_auc_score. NaN when one class is empty.
+    """How often a correct answer outscores a wrong one (ties count half). NaN when one
+    class is empty, where sklearn's roc_auc_score would raise."""
+    from sklearn.metrics import roc_auc_score  # a second to import: only when measuring
 
-    router.metrics has the same statistic, but the evaluator may not import the router.
-    """
     s = np.asarray(scores, dtype=np.float64).reshape(-1)
     y = np.asarray(labels, dtype=np.float64).reshape(-1).astype(bool)
     if len(s) != len(y):
         raise ValueError(f"{len(s)} scores for {len(y)} labels")
-    positives = int(y.sum())
-    negatives = len(y) - positives
-    if positives == 0 or negatives == 0:
+    if y.all() or not y.any():
         return float("nan")
-    order = np.argsort(s, kind="stable")
-    ordered = s[order]
-    starts = np.concatenate([[0], np.flatnonzero(ordered[1:] != ordered[:-1]) + 1])
-    ends = np.append(starts[1:], len(s))
-    ranks = np.empty(len(s))
-    ranks[order] = np.repeat((starts + ends + 1) / 2, ends - starts)
-    u = float(ranks[y].sum()) - positives * (positives + 1) / 2
-    return u / (positives * negatives)
+    return float(roc_auc_score(y, s))
 
 
 class CalibrationMetrics(msgspec.Struct, frozen=True):
