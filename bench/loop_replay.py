@@ -26,7 +26,7 @@ Policies, each a curve of (accuracy, mean completion tokens per question) points
   counts), or once a round no longer raises P(correct).
 
 P(correct) is honest: each question's comes from a calibrator fitted, with
-evaluator.calibration.fit on training_set rows, on the other folds of questions only
+evaluator.calibration.fit on evaluator.training rows, on the other folds of questions only
 (``--folds``), unless ``--calibrator`` names a file to use for all of them. With
 ``prune_below`` set, a branch stops at the first token where its sliding-window group
 confidence (once a window is full) falls below the cut-off, as evaluator.loop stops
@@ -68,7 +68,6 @@ from evaluator.calibration import (  # noqa: E402
     measure,
     read_calibrator,
     roc_auc,
-    training_set,
 )
 from evaluator.policy import LoopSettings, Verdict, stop_reason, tally  # noqa: E402
 from evaluator.runs import Run, RunSample, read_runs  # noqa: E402
@@ -85,6 +84,7 @@ from evaluator.signals import (  # noqa: E402
     majority,
     trace_confidence,
 )
+from evaluator.training import training_set  # noqa: E402
 
 # What `make default-calibrator` fits on: 1 and 2, and the loop's cumulative branch counts.
 DEFAULT_KS = (1, 2, 4, 8, 12, 16)

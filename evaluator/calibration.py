@@ -22,17 +22,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from evaluator.answers import extract, is_correct
-from evaluator.policy import tally
-from evaluator.runs import Run
-from evaluator.signals import (
-    DEFAULT_SETTINGS,
-    FEATURES,
-    MissingSignal,
-    Signals,
-    SignalSettings,
-    trace_confidence,
-)
+from evaluator.signals import DEFAULT_SETTINGS, FEATURES, Signals, SignalSettings
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -289,71 +279,6 @@ def _pair(probabilities: npt.ArrayLike, labels: npt.ArrayLike) -> tuple[FloatArr
     if not ((p >= 0) & (p <= 1)).all():
         raise ValueError("probabilities must lie in [0, 1]")
     return p, y
-
-
-# --- training data from labelled runs --------------------------------------------------
-
-
-class TrainingSet(msgspec.Struct, frozen=True, kw_only=True):
-    """One row per (run, k): the signals of the first k samples' majority answer, and
-    whether that answer is right."""
-
-    signals: list[Signals]
-    labels: list[bool]
-    groups: list[int]  # the run's position in the file, for folds that keep runs whole
-    ks: list[int]
-    short: dict[int, int]  # per k: runs left out for having fewer than k samples
-
-    def rows(self, features: Sequence[str]) -> FloatArray:
-        return np.array([s.features(features) for s in self.signals], dtype=np.float64)
-
-    def readable(self, features: Sequence[str]) -> TrainingSet:
-        """The rows that have every one of ``features``: a row whose samples all came
-        back empty (no text, no logprobs) has no token signals to fit on."""
-        keep = []
-        for i, signals in enumerate(self.signals):
-            try:
-                signals.features(features)
-            except MissingSignal:
-                continue
-            keep.append(i)
-        return TrainingSet(
-            signals=[self.signals[i] for i in keep],
-            labels=[self.labels[i] for i in keep],
-            groups=[self.groups[i] for i in keep],
-            ks=[self.ks[i] for i in keep],
-            short=self.short,
-        )
-
-
-def training_set(
-    runs: Sequence[Run], ks: Sequence[int], settings: SignalSettings = DEFAULT_SETTINGS
-) -> TrainingSet:
-    """Rows for the loop's own candidate: the confidence-weighted vote of the first k
-    samples (evaluator.policy.tally), so that the calibrator learns P(correct) of the
-    answer the loop would give."""
-    if not ks or min(ks) < 1:
-        raise ValueError("k must be at least 1")
-    signals: list[Signals] = []
-    labels: list[bool] = []
-    groups: list[int] = []
-    row_ks: list[int] = []
-    short = dict.fromkeys(ks, 0)
-    for position, run in enumerate(runs):
-        answers = [extract(run.kind, sample.text) for sample in run.samples]
-        traces = [trace_confidence(sample.logprobs, settings) for sample in run.samples]
-        for k in ks:
-            if len(run.samples) < k:
-                short[k] += 1
-                continue
-            verdict = tally(
-                run.kind, run.samples[:k], answers[:k], traces=traces[:k], settings=settings
-            )
-            signals.append(verdict.signals)
-            labels.append(verdict.answer is not None and is_correct(run.question, verdict.text))
-            groups.append(position)
-            row_ks.append(k)
-    return TrainingSet(signals=signals, labels=labels, groups=groups, ks=row_ks, short=short)
 
 
 # --- the file --------------------------------------------------------------------------

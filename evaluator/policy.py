@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
 import msgspec
 
 from evaluator.answers import AnswerKind
+from evaluator.calibration import Calibrator
 from evaluator.signals import (
     DEFAULT_SETTINGS,
     MissingSignal,
@@ -31,9 +32,6 @@ from evaluator.signals import (
     probe_streak,
     trace_confidence,
 )
-
-if TYPE_CHECKING:  # calibration fits on this module's tally: no import cycle at run time
-    from evaluator.calibration import Calibrator
 
 Probability = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 Positive = Annotated[int, msgspec.Meta(ge=1)]

@@ -25,11 +25,11 @@ from evaluator.calibration import (
     cross_validate,
     fit,
     measure,
-    training_set,
     write_calibrator,
 )
 from evaluator.runs import Run, RunAlternative, RunSample, RunToken, read_runs
 from evaluator.signals import DEFAULT_FEATURES, FEATURES, MissingSignal, SignalSettings
+from evaluator.training import training_set
 from gateway.config import load_config
 
 # Signals that are probabilities as they stand: their held-out metrics, uncalibrated,

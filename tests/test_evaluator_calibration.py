@@ -25,7 +25,6 @@ from evaluator.calibration import (
     measure,
     read_calibrator,
     roc_auc,
-    training_set,
     write_calibrator,
 )
 from evaluator.runs import (
@@ -38,6 +37,7 @@ from evaluator.runs import (
     write_runs,
 )
 from evaluator.signals import DEFAULT_FEATURES, SignalSettings, compute_signals
+from evaluator.training import training_set
 
 # --- metrics ---------------------------------------------------------------------------
 
