@@ -7,11 +7,12 @@ router is fitted, calibrated and evaluated on.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
 import msgspec
+
+from engines.jsonl import read_jsonl
 
 Score = bool | Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 
@@ -42,27 +43,9 @@ class LoadedOutcomes(msgspec.Struct, frozen=True):
 def read_outcomes(path: str | Path, *, skip_bad: bool = False) -> LoadedOutcomes:
     """Read an outcome file. A malformed line is an error unless ``skip_bad``, in which
     case it is skipped and reported in ``skipped``; an empty result is always an error."""
-    decoder = msgspec.json.Decoder(Outcome)
-    outcomes: list[Outcome] = []
-    skipped: list[str] = []
-    for number, line in _lines(path):
-        try:
-            outcomes.append(decoder.decode(line))
-        except msgspec.DecodeError as exc:
-            problem = f"{path}:{number}: {exc}"
-            if not skip_bad:
-                raise OutcomeError(f"{problem} (pass --skip-bad to skip malformed lines)") from exc
-            skipped.append(problem)
-    if not outcomes:
+    loaded = read_jsonl(
+        path, Outcome, skip_bad=skip_bad, error=OutcomeError, skip_flag="--skip-bad"
+    )
+    if not loaded.records:
         raise OutcomeError(f"{path}: no usable outcome lines")
-    return LoadedOutcomes(outcomes, skipped)
-
-
-def _lines(path: str | Path) -> Iterator[tuple[int, bytes]]:
-    try:
-        with Path(path).open("rb") as file:
-            for number, line in enumerate(file, start=1):
-                if line.strip():
-                    yield number, line
-    except OSError as exc:
-        raise OutcomeError(f"{path}: cannot read: {exc}") from exc
+    return LoadedOutcomes(loaded.records, loaded.skipped)
