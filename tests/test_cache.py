@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,6 +17,7 @@ from cache.memory_store import MemoryStore
 from cache.semantic_cache import Hit, Miss, SemanticCache
 from cache.settings import CacheSettings, IndexSettings, MemoryStoreSettings
 from router.embedder import Embedder, Embedding
+from tests.support import satisfice
 
 
 @contextlib.asynccontextmanager
@@ -168,11 +167,7 @@ def test_cache_eval_command(tmp_path: Path) -> None:
         {"a": "How do I bake bread?", "b": "What is the speed of light?", "label": 0},
     ]
     pairs.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    result = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "cache", "eval", "--pairs", str(pairs),
-         "--threshold", "0.7", "--json"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+    result = satisfice("cache", "eval", "--pairs", str(pairs), "--threshold", "0.7", "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     # Only the paraphrase may hit: the guards veto the two near misses.

@@ -18,7 +18,7 @@ from gateway.limits import (
     Refusal,
     retry_after,
 )
-from tests.conftest import free_port
+from tests.support import free_port
 
 REDIS = "redis://127.0.0.1:6379/0"
 DIGEST = "0" * 64
