@@ -16,7 +16,9 @@ from typing import Annotated, Generic, TypeVar
 import msgspec
 
 from cache.entry import CacheEntry, Namespace, context_fingerprint, entry_id, sampling_key
+from cache.memory_store import MemoryStore
 from cache.semantic_cache import Hit, SemanticCache
+from cache.settings import CacheSettings, MemoryStoreSettings
 from cache.store import StoreUnavailable
 from engines.jsonl import BadLine, decode_lines
 from router.embedder import Embedding, Vectors
@@ -208,3 +210,29 @@ async def dry_run(
         exact_hits=exact,
         semantic_hits=semantic,
     )
+
+
+async def dry_run_file(
+    settings: CacheSettings,
+    data: bytes,
+    queries: Sequence[Query],
+    *,
+    tenant: str,
+    embed_many: EmbedMany,
+    embedding_model: str,
+) -> DryRun:
+    """The hits ``queries`` would get from a cache warmed with the warm-up file ``data``
+    alone: a scratch in-process cache with ``settings``' thresholds and guards, so
+    nothing is stored anywhere."""
+    scratch = MemoryStoreSettings(max_entries=len(data.splitlines()) + 1, snapshot=None)
+    cache = SemanticCache(msgspec.structs.replace(settings, store=scratch), MemoryStore(scratch))
+    await cache.start()
+    try:
+        await warm(
+            cache, data, tenant=tenant, embed_many=embed_many, embedding_model=embedding_model
+        )
+        return await dry_run(
+            cache, queries, tenant=tenant, embed_many=embed_many, embedding_model=embedding_model
+        )
+    finally:
+        await cache.close()

@@ -9,12 +9,21 @@ training -> policy -> calibration, one way.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 import numpy as np
 
 from evaluator.answers import extract, is_correct
-from evaluator.calibration import FloatArray
+from evaluator.calibration import (
+    ISOTONIC_MIN_LABELS,
+    CalibrationMetrics,
+    Calibrator,
+    FloatArray,
+    cross_validate,
+    fit,
+    measure,
+)
 from evaluator.policy import tally
 from evaluator.runs import Run
 from evaluator.signals import (
@@ -86,3 +95,59 @@ def training_set(
             groups.append(position)
             row_ks.append(k)
     return TrainingSet(signals=signals, labels=labels, groups=groups, ks=row_ks, short=short)
+
+
+# Signals that are probabilities as they stand: their held-out metrics, uncalibrated,
+# are what the calibrator has to beat.
+RAW_PROBABILITIES = ("vote_share", "majority_probability")
+
+
+class FittedCalibrator(msgspec.Struct, frozen=True, kw_only=True):
+    """A calibrator fitted on labelled runs, and how it did on runs it did not see."""
+
+    model: Calibrator
+    rows: int  # (run, k) rows it was fitted on
+    short: dict[int, int]  # per k: runs left out for having fewer than k samples
+    unreadable: int  # rows left out: their samples lack one of the features
+    # Pooled over the folds, each row scored by a calibrator that never saw its run.
+    held_out: CalibrationMetrics
+    uncalibrated: dict[str, CalibrationMetrics]  # each of RAW_PROBABILITIES as it stands
+
+
+def fit_calibrator(
+    runs: Sequence[Run],
+    ks: Sequence[int],
+    features: Sequence[str],
+    settings: SignalSettings = DEFAULT_SETTINGS,
+    *,
+    folds: int = 5,
+    seed: int = 0,
+    isotonic_min: int = ISOTONIC_MIN_LABELS,
+    trained_on: str = "",
+) -> FittedCalibrator:
+    """Fit on the loop's vote after each of ``ks`` samples of every run, and measure it
+    cross-validated by run. Bad settings, a missing signal and unfit data raise
+    ValueError (MissingSignal, when no row has every feature)."""
+    data = training_set(runs, ks, settings)
+    if not data.signals:
+        raise ValueError(f"no run has {min(ks)} samples")
+    readable = data.readable(features)
+    if not readable.signals:
+        data.rows(features)  # raises MissingSignal, naming the signal
+    rows = readable.rows(features)
+    labels = np.array(readable.labels, dtype=np.float64)
+    options: dict[str, Any] = {"signals": settings, "isotonic_min": isotonic_min}
+    held_out = cross_validate(
+        rows, labels, readable.groups, features, folds=folds, seed=seed, **options
+    )
+    model = fit(rows, labels, features, seed=seed, trained_on=trained_on, **options)
+    return FittedCalibrator(
+        model=model,
+        rows=len(labels),
+        short=data.short,
+        unreadable=len(data.signals) - len(readable.signals),
+        held_out=measure(held_out, labels),
+        uncalibrated={
+            name: measure(readable.rows([name])[:, 0], labels) for name in RAW_PROBABILITIES
+        },
+    )
