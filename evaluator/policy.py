@@ -1,7 +1,7 @@
 """The reasoning loop's decisions, as pure functions of what its branches said.
 
 Two questions, answered the same way live (evaluator.loop) and in replay over the
-trace bank (bench/loop_replay.py), so that the bank's figures are the loop's own:
+trace bank (evaluator.replay), so that the bank's figures are the loop's own:
 
 * which answer the branches so far give, and how likely it is right (``tally``): a
   confidence-weighted vote over the branches that survive DeepConf's filter, whose
