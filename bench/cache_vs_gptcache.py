@@ -55,14 +55,11 @@ import faiss
 import numpy as np
 import numpy.typing as npt
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from cache.entry import normalise  # noqa: E402
-from cache.guards import veto  # noqa: E402
-from cache.pairs import Pair, read_pairs, sweep  # noqa: E402
-from cache.settings import CacheSettings  # noqa: E402
-from router.embedder import Embedder, EmbedderSettings, Vectors  # noqa: E402
+from cache.entry import normalise
+from cache.guards import veto
+from cache.pairs import Pair, read_pairs, sweep
+from cache.settings import CacheSettings
+from router.embedder import Embedder, EmbedderSettings, Vectors
 
 GPTCACHE_DEFAULT_THRESHOLD = 0.8  # gptcache.config.Config's own default
 # Below this many hits a precision is too noisy to compare.

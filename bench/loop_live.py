@@ -27,19 +27,18 @@ from typing import Any
 
 import msgspec
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from engines import create_engine
+from engines.base import Message
+from evaluator.answers import is_correct
+from evaluator.calibration import Calibrator, calibrator_file, read_calibrator
+from evaluator.loop import LoopResult, ReasoningLoop
+from evaluator.policy import LoopSettings
+from evaluator.replay import DEFAULT_ORDERS, Question, branch_orders, loop_rule
+from evaluator.replay_report import wilson
+from evaluator.runs import Run, read_runs
+from gateway.config import load_config
 
-from engines import create_engine  # noqa: E402
-from engines.base import Message  # noqa: E402
-from evaluator.answers import is_correct  # noqa: E402
-from evaluator.calibration import Calibrator, calibrator_file, read_calibrator  # noqa: E402
-from evaluator.loop import LoopResult, ReasoningLoop  # noqa: E402
-from evaluator.policy import LoopSettings  # noqa: E402
-from evaluator.replay import DEFAULT_ORDERS, Question, branch_orders, loop_rule  # noqa: E402
-from evaluator.replay_report import wilson  # noqa: E402
-from evaluator.runs import Run, read_runs  # noqa: E402
-from gateway.config import load_config  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def subset(runs: list[Run], per_source: int) -> list[Run]:
