@@ -105,6 +105,18 @@ def test_verdicts_of_calls_let_in_before_a_change_are_ignored(clock: Clock) -> N
     assert state(breaker) == "closed"  # a fresh count after closing
 
 
+def test_verdicts_say_when_an_outage_begins_and_ends(clock: Clock) -> None:
+    breaker = Breaker(failures=2, open_s=10, clock=clock)
+    assert not breaker.failed(breaker.admit())  # one of two: still closed
+    assert breaker.failed(breaker.admit())  # opened: the outage begins
+    clock.now += 10
+    assert not breaker.failed(breaker.admit())  # a failed trial: the same outage
+    clock.now += 10
+    trial = breaker.admit()
+    assert breaker.succeeded(trial)  # closed: the outage ends
+    assert not breaker.succeeded(breaker.admit())  # an ordinary answer
+
+
 @pytest.fixture
 def unanswered_port() -> Iterator[int]:
     """A port whose listener never accepts and whose backlog is full, so a connection
