@@ -302,7 +302,7 @@ async def test_sigterm_drains_in_flight_streams(tmp_path: Path) -> None:
             await asyncio.sleep(0.05)
         assert refused, "new connections still served after SIGTERM"
 
-        # Within uvicorn's timeout_graceful_shutdown (30 s, gateway/cli.py).
+        # Within uvicorn's timeout_graceful_shutdown (30 s, gateway/cli/__init__.py).
         results = await asyncio.wait_for(asyncio.gather(*streams), timeout=30)
         for status, text, done in results:
             assert status == 200 and text.strip() and done
