@@ -83,7 +83,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 bench: $(STAMP)
-	$(BIN)/python bench/engines.py
+	$(BIN)/python bench/engine_speed.py
 	$(BIN)/python bench/gateway_overhead.py
 	$(BIN)/python bench/router_speed.py
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import subprocess
 import sys
 import tempfile
@@ -26,11 +27,7 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from gateway.api.auth import hash_key  # noqa: E402
-from tests.conftest import start_gateway, stop  # noqa: E402
+from gateway.api.auth import hash_key
 
 KEY = f"sk-bench-{uuid.uuid4().hex}"
 ENGINE = """
@@ -54,6 +51,31 @@ QUESTION = {
     "max_tokens": 48,
     "messages": [{"role": "user", "content": "Reply with one word: the sky's colour."}],
 }
+
+
+def start_gateway(config_text: str, directory: Path) -> tuple[str, subprocess.Popen[bytes]]:
+    """A `satisfice serve` process with this config on a free port, once it is ready.
+    (tests/support.py has the tests' own; a script cannot import tests/, which is not
+    an installed package.)"""
+    config = directory / f"satisfice-{uuid.uuid4().hex[:6]}.yaml"
+    config.write_text(config_text)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)]
+    process = subprocess.Popen([*command, "--port", str(port)])
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(1200):  # two minutes: the model loads and is checked first
+        if process.poll() is not None:
+            raise SystemExit(f"the gateway exited with status {process.returncode}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return url, process
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    process.kill()
+    raise SystemExit("the gateway was not ready within two minutes")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -93,7 +115,11 @@ def main() -> None:
                 assert response.headers["x-satisfice-cache"] == "exact", response.text
     finally:
         for _, process in gateways.values():
-            stop(process)
+            process.terminate()
+            try:
+                process.wait(timeout=30)  # requests in flight finish first
+            except subprocess.TimeoutExpired:
+                process.kill()
 
     base = percentile(seconds["open"], 0.5)
     rows = {}

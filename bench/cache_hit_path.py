@@ -42,20 +42,19 @@ import msgspec
 import numpy as np
 import redis
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from cache.redis_store import RedisStore  # noqa: E402
-from cache.semantic_cache import SemanticCache  # noqa: E402
-from cache.settings import CacheSettings, RedisStoreSettings  # noqa: E402
-from cache.warmup import BATCH, warm  # noqa: E402
-from router.embedder import (  # noqa: E402
+from cache.redis_store import RedisStore
+from cache.semantic_cache import SemanticCache
+from cache.settings import CacheSettings, RedisStoreSettings
+from cache.warmup import BATCH, warm
+from router.embedder import (
     Embedder,
     EmbedderSettings,
     Vectors,
     bundled_model_dir,
     model_fingerprint,
 )
+
+ROOT = Path(__file__).resolve().parent.parent
 
 DATA = ROOT.parent / "shared" / "data"
 # A miss answers 504 at once instead of generating: this measures the hit path only.

@@ -8,7 +8,7 @@ the pair is labelled a duplicate: the metric of `satisfice cache eval`.
     .venv/bin/python bench/cache_vs_gptcache.py --pairs bench/out/pairs_paws.jsonl \\
         --plot docs/img/cache_vs_gptcache_paws.png
 
-- ours: `gateway.cache_commands.sweep` with the default cache settings (threshold
+- ours: `cache.pairs.sweep` with the default cache settings (threshold
   0.92, guards on), i.e. exactly what `satisfice cache eval` measures. The same
   lookup (exact match, then the nearest of ``candidates`` above the threshold that
   every guard accepts) is also replayed here to learn which prompt each query got;
@@ -55,14 +55,11 @@ import faiss
 import numpy as np
 import numpy.typing as npt
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from cache.entry import normalise  # noqa: E402
-from cache.guards import veto  # noqa: E402
-from cache.settings import CacheSettings  # noqa: E402
-from gateway.cache_commands import Pair, read_pairs, sweep  # noqa: E402
-from router.embedder import Embedder, EmbedderSettings, Vectors  # noqa: E402
+from cache.entry import normalise
+from cache.guards import veto
+from cache.pairs import Pair, read_pairs, sweep
+from cache.settings import CacheSettings
+from router.embedder import Embedder, EmbedderSettings, Vectors
 
 GPTCACHE_DEFAULT_THRESHOLD = 0.8  # gptcache.config.Config's own default
 # Below this many hits a precision is too noisy to compare.
@@ -159,7 +156,7 @@ def _set_meaning(outcome: Outcome, pairs: list[Pair], group: Callable[[str], str
 def ours(pairs: list[Pair], embedder: MemoEmbedder, settings: CacheSettings) -> dict[str, Any]:
     """`sweep` for the figures; a replay of the same lookup for the served prompts."""
     started = time.perf_counter()
-    official = sweep(pairs, settings, embedder)
+    official = sweep(pairs, settings, encode=embedder.encode, embedding_model=embedder.fingerprint)
     swept_s = time.perf_counter() - started
     warm = list(dict.fromkeys(p.a for p in pairs))
     index = faiss.IndexFlatIP(embedder.dim)

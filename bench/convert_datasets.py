@@ -28,17 +28,15 @@ import argparse
 import json
 import random
 import re
-import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from evaluator.answers import LabelledQuestion, extract, normalise_text
 
-from evaluator.answers import LabelledQuestion, extract, normalise_text  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 DEFAULT_DATA = ROOT / ".." / "shared" / "data"
 

@@ -34,10 +34,9 @@ from pathlib import Path
 
 import msgspec
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from router.outcomes import Outcome
 
-from router.outcomes import Outcome  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 DEFAULT_DATA = ROOT / ".." / "shared" / "data"
 

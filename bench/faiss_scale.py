@@ -21,10 +21,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from router.index import VectorIndex  # noqa: E402
+from router.index import VectorIndex
 
 DIM = 384
 QUERIES = 200

@@ -28,13 +28,12 @@ from typing import NamedTuple, TypeVar
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from engines.base import Delta, Message, SamplingParams
+from engines.llama_cpp import LlamaCppEngine
+from engines.settings import LlamaCppSettings
+from gateway.config import load_config
 
-from engines.base import Delta, Message, SamplingParams  # noqa: E402
-from engines.llama_cpp import LlamaCppEngine  # noqa: E402
-from engines.settings import LlamaCppSettings  # noqa: E402
-from gateway.config import load_config  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 QUESTIONS = [
     "What is 2+2?",

@@ -7,7 +7,7 @@ without llama.cpp's extra buffer types (the repacked weights that its AMX and AV
 matrix kernels read), which is the runtime way around AMX.
 
 One process can load one libllama, so every measurement is a child process running
-``bench/engines.py --plain`` (greedy decoding, the median of ``--runs`` runs after a
+``bench/engine_speed.py --plain`` (greedy decoding, the median of ``--runs`` runs after a
 warm-up) against one build. Each round runs every build once, in an order rotated
 round by round, and each build's speed is reported as its median over rounds and as
 the median of its per-round ratio to the first build, so the machine's drift between
@@ -31,12 +31,9 @@ import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # the package engines/, not this folder's engines.py
+from engines.native_check import amx_instructions, library_path
 
-from engines.native_check import amx_instructions, library_path  # noqa: E402
-
-ENGINES_BENCH = ROOT / "bench" / "engines.py"
+ENGINE_SPEED = Path(__file__).resolve().parent / "engine_speed.py"
 
 
 class Build(NamedTuple):
@@ -75,7 +72,7 @@ def measure(build: Build, runs: int, tokens: int) -> dict[str, float]:
         out = Path(scratch) / "engines.json"
         command = [
             sys.executable,
-            str(ENGINES_BENCH),
+            str(ENGINE_SPEED),
             "--plain",
             "--rounds",
             str(runs),

@@ -37,10 +37,9 @@ from typing import Any
 import httpx
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from evaluator.answers import read_questions
 
-from evaluator.answers import read_questions  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 SLA_SLACK_S = 0.1
 LONG = "Write a long story about a dragon who learns to fly."

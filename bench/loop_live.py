@@ -3,8 +3,9 @@ replay over the bank predicts for the same questions.
 
 The live run is evaluator.loop.ReasoningLoop itself on the bundled large model, with
 the default config's loop settings and calibrator, no deadline, fresh random samples;
-the prediction is bench/loop_replay.py's loop rule with the same settings and
-calibrator over the bank's 16 samples of each question (in several random orders).
+the prediction is evaluator.replay's loop rule (bench/loop_replay.py's) with the same
+settings and calibrator over the bank's 16 samples of each question (in several random
+orders).
 They should agree within sampling noise: accuracy (95% Wilson intervals), completion
 tokens and rounds per question, and the stop reasons.
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import statistics
 import sys
@@ -27,31 +27,18 @@ from typing import Any
 
 import msgspec
 
+from engines import create_engine
+from engines.base import Message
+from evaluator.answers import is_correct
+from evaluator.calibration import Calibrator, calibrator_file, read_calibrator
+from evaluator.loop import LoopResult, ReasoningLoop
+from evaluator.policy import LoopSettings
+from evaluator.replay import DEFAULT_ORDERS, Question, branch_orders, loop_rule
+from evaluator.replay_report import wilson
+from evaluator.runs import Run, read_runs
+from gateway.config import load_config
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from engines import create_engine  # noqa: E402
-from engines.base import Message  # noqa: E402
-from evaluator.answers import is_correct  # noqa: E402
-from evaluator.calibration import Calibrator, calibrator_file, read_calibrator  # noqa: E402
-from evaluator.loop import LoopResult, ReasoningLoop  # noqa: E402
-from evaluator.policy import LoopSettings  # noqa: E402
-from evaluator.runs import Run, read_runs  # noqa: E402
-from gateway.config import load_config  # noqa: E402
-
-
-def _load_replay() -> Any:
-    """bench/loop_replay.py, by its path: bench/ is not a package, and on sys.path its
-    engines.py would hide the engines package."""
-    spec = importlib.util.spec_from_file_location("loop_replay", ROOT / "bench" / "loop_replay.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["loop_replay"] = module  # msgspec resolves its Structs' types through it
-    spec.loader.exec_module(module)
-    return module
-
-
-replay = _load_replay()
 
 
 def subset(runs: list[Run], per_source: int) -> list[Run]:
@@ -106,11 +93,11 @@ def predicted(
     rounds = min(settings.max_rounds, samples // settings.branches)
     # The bank holds 16 samples a question: rounds beyond them cannot be replayed.
     replayed = msgspec.structs.replace(settings, max_rounds=rounds)
-    rule = replay.loop_rule(replayed, rounds)
+    rule = loop_rule(replayed, rounds)
     rows = []
     for index, run in enumerate(runs):
-        for shuffled in replay.branch_orders(run, samples, orders, index):
-            q = replay.Question(index, shuffled, calibrator.signals, [])
+        for shuffled in branch_orders(run, samples, orders, index):
+            q = Question(index, shuffled, calibrator.signals, [])
             q.calibrator = calibrator
             outcome = rule(q)
             rows.append(
@@ -129,7 +116,7 @@ def summary(rows: list[dict[str, Any]], questions: int) -> dict[str, Any]:
     right = sum(r["correct"] for r in rows)
     # Replayed orders repeat each question: the interval is over questions.
     share = right / len(rows)
-    low, high = replay.wilson(round(share * questions), questions)
+    low, high = wilson(round(share * questions), questions)
     return {
         "accuracy": share,
         "accuracy_95ci": [low, high],
@@ -143,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", default=str(ROOT / "bench/out/bank.jsonl"))
     parser.add_argument("--per-source", type=int, default=20)
-    parser.add_argument("--orders", type=int, default=replay.DEFAULT_ORDERS)
+    parser.add_argument("--orders", type=int, default=DEFAULT_ORDERS)
     parser.add_argument("--json")
     args = parser.parse_args(argv)
 

@@ -19,19 +19,17 @@ import argparse
 import asyncio
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from router.embedder import Embedder, EmbedderSettings, Vectors
+from router.model_file import KNNModel
+from router.outcomes import Outcome
+from router.scorers import KNNScorer, Scorer, fit, scorer_for
 
-from router.embedder import Embedder, EmbedderSettings, Vectors  # noqa: E402
-from router.model_file import KNNModel  # noqa: E402
-from router.outcomes import Outcome  # noqa: E402
-from router.scorers import KNNScorer, Scorer, fit, scorer_for  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 CONCURRENCY = 64
 

@@ -3,7 +3,9 @@
 Keys and namespaces (entry.py), guards (guards.py), the store contract (store.py)
 with an in-process store (memory_store.py) and a Redis one shared by replicas
 (redis_store.py), lookup and write-back over a store (semantic_cache.py),
-coalescing of identical misses (coalesce.py) and warm-up from files (warmup.py).
+coalescing of identical misses (coalesce.py), warm-up from files (warmup.py), how a
+configuration does on labelled prompt pairs (pairs.py) and a cache opened outside a
+gateway, for the commands (standalone.py).
 """
 
 from __future__ import annotations

@@ -12,9 +12,10 @@ Layout under ``key_prefix`` (P below):
 
 Redis speeds requests up and must never stop one: every round trip is bounded by
 ``timeout_s``, and once Redis fails to answer, calls are refused at once (no network)
-for ``retry_interval_s`` before the next one tries again. An outage is logged once
-when it begins and once when it ends, and the change follower asks for a rebuild
-afterwards, since it may have missed changes in between.
+for ``retry_interval_s`` before one trial call tries again (engines.breaker, opening
+at the first failure). An outage is logged once when it begins and once when it
+ends, and the change follower asks for a rebuild afterwards, since it may have missed
+changes in between.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from cache.store import (
     StoreUnavailable,
     in_scope,
 )
+from engines.breaker import Breaker, BreakerOpen, Ticket
 
 log = logging.getLogger("satisfice.cache")
 
@@ -252,7 +254,7 @@ class RedisStore:
         url = urlsplit(settings.url)  # for log lines: host and port, never the password
         self._where = url.netloc.rpartition("@")[2] or url.path
         # No retries inside redis-py: a retry would spend the request's time budget,
-        # and the breaker below decides when Redis is worth trying again.
+        # and the breaker decides when Redis is worth trying again.
         common: dict[str, Any] = {
             "socket_connect_timeout": settings.timeout_s,
             "retry": Retry(NoBackoff(), 0),
@@ -298,10 +300,8 @@ class RedisStore:
         # so the follower starts with a Resync.
         self._position: _StreamId | None = None
         self._added: int | None = None
-        # Breaker state: while _down, callers are refused until _retry_at.
-        self._down = False
-        self._down_since = 0.0
-        self._retry_at = 0.0
+        self._breaker = Breaker(failures=1, open_s=settings.retry_interval_s)
+        self._down_since = 0.0  # when the outage under way began, for its end's log line
         self._calls_at_outage = 0
         self._resync_needed = False  # an outage happened; the follower owes a Resync
         self._last_refusal = ""
@@ -458,8 +458,6 @@ class RedisStore:
                 yield change
 
     async def _next_changes(self) -> list[Change]:
-        if self._down:  # wait for the breaker, as callers do
-            await self._pause(self._retry_at - time.monotonic())
         if self._position is None or self._resync_needed:
             # Doubles as the probe that ends an outage for the follower.
             state = await self._call(self._read_stream_state, reader=True)
@@ -566,41 +564,51 @@ class RedisStore:
         bulk: bool = False,
         timeout_s: float | None = None,
     ) -> T:
-        """One round trip, bounded by ``timeout_s`` (default: the settings'). Callers'
-        calls are refused without touching the network while the breaker is open; the
-        follower's (``reader``: on its own connection) wait for it instead."""
-        if not reader:
-            if self._closed.is_set():
-                self.unavailable_calls += 1
-                raise StoreUnavailable("the Redis store is closed")
-            if self._down and time.monotonic() < self._retry_at:
-                self.unavailable_calls += 1
-                raise StoreUnavailable(f"Redis at {self._where} is unavailable")
-        started = time.monotonic()
+        """One round trip, bounded by ``timeout_s`` (default: the settings'), behind the
+        breaker: while it is open, callers' calls are refused without touching the
+        network; the follower's (``reader``: on its own connection) wait for it."""
+        if not reader and self._closed.is_set():
+            self.unavailable_calls += 1
+            raise StoreUnavailable("the Redis store is closed")
+        ticket = await self._admit(reader)
         try:
             limit = timeout_s or (_BULK_TIMEOUT_S if bulk else self.settings.timeout_s)
             client = self._reader if reader else self._bulk if bulk else self._redis
             async with asyncio.timeout(limit):
                 result = await op(client)
         except _UNREACHABLE as exc:
-            self._unreachable(exc, counted=not reader)
+            self._unreachable(ticket, exc, counted=not reader)
             raise StoreUnavailable(f"Redis at {self._where} is unavailable: {exc}") from exc
         except RedisError as exc:
-            self._refused(exc, counted=not reader)
+            self._refused(ticket, exc, counted=not reader)
             raise StoreUnavailable(f"Redis refused a command: {exc}") from exc
-        self._answered(started)
+        except BaseException:
+            self._breaker.abandoned(ticket)  # cancelled, or our own error: no verdict
+            raise
+        self._answered(ticket)
         return result
 
-    def _unreachable(self, exc: BaseException, *, counted: bool) -> None:
+    async def _admit(self, reader: bool) -> Ticket:
+        while True:
+            try:
+                return self._breaker.admit()
+            except BreakerOpen as exc:
+                if not reader:
+                    self.unavailable_calls += 1
+                    raise StoreUnavailable(f"Redis at {self._where} is unavailable") from None
+                # The follower has nothing to do without Redis: it waits to try again.
+                if not await self._pause(exc.retry_in_s):
+                    raise StoreUnavailable("the Redis store is closed") from None
+
+    def _unreachable(self, ticket: Ticket, exc: BaseException, *, counted: bool) -> None:
         if self._closed.is_set():
-            return  # connections torn down by close(), not an outage
-        now = time.monotonic()
-        self._retry_at = now + self.settings.retry_interval_s
+            self._breaker.abandoned(ticket)  # connections torn down by close(), not an outage
+            return
         if counted:
             self.unavailable_calls += 1
-        if self._down:
-            return
-        self._down, self._down_since, self._resync_needed = True, now, True
+        if not self._breaker.failed(ticket):
+            return  # a failed trial, or a call from before the outage began
+        self._down_since, self._resync_needed = time.monotonic(), True
         self._calls_at_outage = self.unavailable_calls - int(counted)
         self.outages += 1
         log.warning(
@@ -611,11 +619,13 @@ class RedisStore:
             self.settings.retry_interval_s,
         )
 
-    def _refused(self, exc: RedisError, *, counted: bool) -> None:
+    def _refused(self, ticket: Ticket, exc: RedisError, *, counted: bool) -> None:
         """Redis answered, with an error (out of memory, a wrong type): not an outage,
         but the call goes on without the cache all the same."""
         if self._closed.is_set():
+            self._breaker.abandoned(ticket)
             return
+        self._answered(ticket)
         if counted:
             self.unavailable_calls += 1
         message = f"{type(exc).__name__}: {exc}"
@@ -623,11 +633,10 @@ class RedisStore:
             self._last_refusal = message
             log.warning("Redis at %s refused a command: %s", self._where, message)
 
-    def _answered(self, started: float) -> None:
-        # A call sent before the outage began (the follower's blocking XREAD) says
-        # nothing about Redis now; one admitted since then does.
-        if self._down and started >= self._down_since:
-            self._down = False
+    def _answered(self, ticket: Ticket) -> None:
+        # A call let in before the outage began (the follower's blocking XREAD) says
+        # nothing about Redis now: the breaker ignores it. A trial since then does.
+        if self._breaker.succeeded(ticket):
             log.info(
                 "Redis at %s answers again after %.1fs; %d calls bypassed it meanwhile",
                 self._where,

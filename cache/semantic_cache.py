@@ -143,20 +143,19 @@ class SemanticCache:
         prompt: str,
         embed: Callable[[], Awaitable[Embedding]],
         settings: CacheSettings | None = None,
-    ) -> tuple[Hit | Miss, Embedding | None]:
+    ) -> Hit | Miss:
         """Exact path, then (only if that misses) the semantic path with the vector
-        ``embed`` returns; the vector comes back too, for whoever needs it next.
+        ``embed`` returns: a caller that needs the vector later keeps it there.
         ``settings`` replace the cache's own for this lookup (a tenant's threshold, the
         config a request started with)."""
         settings = settings or self.settings
         hit = await self.exact(namespace, prompt, settings)
         if hit is not None:
-            return hit, None
+            return hit
         if not settings.semantic:
             self.counters.misses += 1
-            return Miss("exact_only"), None
-        embedding = await embed()
-        return await self.semantic(namespace, prompt, embedding, settings), embedding
+            return Miss("exact_only")
+        return await self.semantic(namespace, prompt, await embed(), settings)
 
     async def exact(
         self, namespace: Namespace, prompt: str, settings: CacheSettings | None = None

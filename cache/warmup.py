@@ -16,8 +16,11 @@ from typing import Annotated, Generic, TypeVar
 import msgspec
 
 from cache.entry import CacheEntry, Namespace, context_fingerprint, entry_id, sampling_key
+from cache.memory_store import MemoryStore
 from cache.semantic_cache import Hit, SemanticCache
+from cache.settings import CacheSettings, MemoryStoreSettings
 from cache.store import StoreUnavailable
+from engines.jsonl import BadLine, decode_lines
 from router.embedder import Embedding, Vectors
 
 EmbedMany = Callable[[Sequence[str]], Awaitable[Vectors]]
@@ -46,11 +49,6 @@ class WarmupLine(Query, frozen=True, kw_only=True):
     answered_by: str = "warmup"
 
 
-class BadLine(msgspec.Struct, frozen=True):
-    line: int
-    error: str
-
-
 class WarmupReport(msgspec.Struct, kw_only=True):
     lines: int = 0
     added: int = 0  # new entries
@@ -61,9 +59,12 @@ class WarmupReport(msgspec.Struct, kw_only=True):
 
 
 class Parsed(msgspec.Struct, Generic[Q], frozen=True):
-    lines: list[tuple[int, Q]]
+    lines: list[Q]
     bad: list[BadLine]
-    total: int
+
+    @property
+    def total(self) -> int:
+        return len(self.lines) + len(self.bad)
 
 
 def parse(data: bytes) -> Parsed[WarmupLine]:
@@ -75,22 +76,18 @@ def parse_queries(data: bytes) -> list[Query]:
     parsed = _parse(data, Query)
     if parsed.bad:
         raise ValueError(f"line {parsed.bad[0].line}: {parsed.bad[0].error}")
-    return [query for _, query in parsed.lines]
+    return parsed.lines
 
 
 def _parse(data: bytes, kind: type[Q]) -> Parsed[Q]:
-    decoder = msgspec.json.Decoder(kind)
-    good: list[tuple[int, Q]] = []
-    bad, total = [], 0
-    for number, raw in enumerate(data.splitlines(), start=1):
-        if not raw.strip():
-            continue
-        total += 1
-        try:
-            good.append((number, decoder.decode(raw)))
-        except msgspec.DecodeError as exc:
-            bad.append(BadLine(number, str(exc)))
-    return Parsed(good, bad, total)
+    good: list[Q] = []
+    bad: list[BadLine] = []
+    for item in decode_lines(data.splitlines(), kind):
+        if isinstance(item, BadLine):
+            bad.append(item)
+        else:
+            good.append(item)
+    return Parsed(good, bad)
 
 
 def namespace_of(line: Query, tenant: str, embedding_model: str) -> Namespace:
@@ -106,9 +103,9 @@ def namespace_of(line: Query, tenant: str, embedding_model: str) -> Namespace:
     )
 
 
-def _batches(lines: list[tuple[int, WarmupLine]]) -> Iterator[list[WarmupLine]]:
+def _batches(lines: list[WarmupLine]) -> Iterator[list[WarmupLine]]:
     for start in range(0, len(lines), BATCH):
-        yield [line for _, line in lines[start : start + BATCH]]
+        yield lines[start : start + BATCH]
 
 
 async def warm(
@@ -203,7 +200,7 @@ async def dry_run(
             async def known(embedding: Embedding = embedding) -> Embedding:
                 return embedding
 
-            found, _ = await cache.lookup(namespace, line.prompt, known)
+            found = await cache.lookup(namespace, line.prompt, known)
             if isinstance(found, Hit):
                 exact += found.path == "exact"
                 semantic += found.path == "semantic"
@@ -213,3 +210,29 @@ async def dry_run(
         exact_hits=exact,
         semantic_hits=semantic,
     )
+
+
+async def dry_run_file(
+    settings: CacheSettings,
+    data: bytes,
+    queries: Sequence[Query],
+    *,
+    tenant: str,
+    embed_many: EmbedMany,
+    embedding_model: str,
+) -> DryRun:
+    """The hits ``queries`` would get from a cache warmed with the warm-up file ``data``
+    alone: a scratch in-process cache with ``settings``' thresholds and guards, so
+    nothing is stored anywhere."""
+    scratch = MemoryStoreSettings(max_entries=len(data.splitlines()) + 1, snapshot=None)
+    cache = SemanticCache(msgspec.structs.replace(settings, store=scratch), MemoryStore(scratch))
+    await cache.start()
+    try:
+        await warm(
+            cache, data, tenant=tenant, embed_many=embed_many, embedding_model=embedding_model
+        )
+        return await dry_run(
+            cache, queries, tenant=tenant, embed_many=embed_many, embedding_model=embedding_model
+        )
+    finally:
+        await cache.close()

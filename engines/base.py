@@ -30,6 +30,12 @@ class Message(msgspec.Struct, frozen=True):
 Prompt = str | Sequence[Message]
 
 
+def last_user_turn(messages: Sequence[Message]) -> str:
+    """The content of the last user message: the question a conversation asks now;
+    empty when there is none."""
+    return next((m.content for m in reversed(messages) if m.role == "user"), "")
+
+
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     max_tokens: int = 256
     temperature: float = 1.0

@@ -9,6 +9,13 @@ timeout each, and it is not hammered while it comes back.
 Each admitted call holds a ``Ticket`` naming the breaker's epoch it was let in under:
 a verdict from an older epoch (a long stream that began before the breaker opened)
 is ignored, so only what the server did since the last change of state counts.
+
+One breaker for every dependency that may be down: the HTTP engines (``failures``
+from their settings), the cache's Redis store and the rate limits' Redis (both at
+``failures=1``: Redis speeds a request up and must never hold one back). A verdict
+says whether it began or ended an outage, so that each user logs the change once.
+A shared lowest-level module: it imports nothing of ours, so every package may
+import it (README, "Develop").
 """
 
 from __future__ import annotations
@@ -73,25 +80,31 @@ class Breaker:
         wait = self._opened_at + self._open_s - self._clock()
         raise BreakerOpen(wait if wait > 0 else self._open_s)
 
-    def succeeded(self, ticket: Ticket) -> None:
-        """The server answered (an answer, or a refusal that proves it is alive)."""
+    def succeeded(self, ticket: Ticket) -> bool:
+        """The server answered (an answer, or a refusal that proves it is alive).
+        True when this closed the breaker: an outage ended."""
         if ticket.epoch != self._epoch:
-            return
+            return False
         if ticket.trial:
             self._close()
-        else:
-            self._failures = 0
+            return True
+        self._failures = 0
+        return False
 
-    def failed(self, ticket: Ticket) -> None:
-        """The server could not be reached, answered 5xx, or broke off mid-answer."""
+    def failed(self, ticket: Ticket) -> bool:
+        """The server could not be reached, answered 5xx, or broke off mid-answer.
+        True when this opened a closed breaker: an outage began (a failed trial only
+        opens it again)."""
         if ticket.epoch != self._epoch:
-            return
+            return False
         if ticket.trial:
             self._open()
-            return
+            return False
         self._failures += 1
         if self._failures >= self._threshold:
             self._open()
+            return True
+        return False
 
     def abandoned(self, ticket: Ticket) -> None:
         """The call ended without a verdict (its caller left): a trial may go again."""

@@ -12,7 +12,7 @@ import contextlib
 import re
 import secrets
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -34,7 +34,7 @@ from engines.base import (
     TokenLogprob,
     TopLogprob,
 )
-from engines.breaker import Breaker, BreakerOpen
+from engines.breaker import Breaker, BreakerOpen, Ticket
 from engines.fanout import EngineCounters, FanOutEngine, SampleDone, remaining
 from engines.settings import OpenAIHTTPSettings
 from engines.templates import CompletionTemplate
@@ -148,7 +148,7 @@ class OpenAIHTTPEngine(FanOutEngine):
             ticket = breaker.admit()
         except BreakerOpen as exc:
             raise EngineUnavailable(self.name, str(exc)) from None
-        verdict = breaker.abandoned
+        verdict: Callable[[Ticket], object] = breaker.abandoned
         try:
             async with contextlib.aclosing(events):
                 async for event in events:

@@ -18,6 +18,8 @@ from typing import Annotated, Literal, assert_never
 
 import msgspec
 
+from engines.jsonl import read_jsonl
+
 AnswerKind = Literal["number", "choice", "yesno", "text"]
 
 # Relative tolerance for numbers: wide enough for "0.6666666666666666" vs 2/3, narrow
@@ -245,18 +247,6 @@ def is_correct(question: LabelledQuestion, text: str) -> bool:
     return answer in golds
 
 
-_decoder = msgspec.json.Decoder(LabelledQuestion)
-
-
 def read_questions(path: str | Path) -> list[LabelledQuestion]:
     """LabelledQuestion JSONL, one per line; blank lines are skipped."""
-    questions: list[LabelledQuestion] = []
-    with open(path, "rb") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                questions.append(_decoder.decode(line))
-            except msgspec.DecodeError as error:
-                raise QuestionFileError(f"{path}, line {number}: {error}") from None
-    return questions
+    return read_jsonl(path, LabelledQuestion, error=QuestionFileError).records

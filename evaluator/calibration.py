@@ -22,17 +22,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from evaluator.answers import extract, is_correct
-from evaluator.policy import tally
-from evaluator.runs import Run
-from evaluator.signals import (
-    DEFAULT_SETTINGS,
-    FEATURES,
-    MissingSignal,
-    Signals,
-    SignalSettings,
-    trace_confidence,
-)
+from evaluator.signals import DEFAULT_SETTINGS, FEATURES, Signals, SignalSettings
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -249,27 +239,17 @@ def brier_score(probabilities: npt.ArrayLike, labels: npt.ArrayLike) -> float:
 
 
 def roc_auc(scores: npt.ArrayLike, labels: npt.ArrayLike) -> float:
-    """How often a correct answer outscores a wrong one (ties count half): Mann-Whitney
-    U over average ranks, as sklearn's roc_auc_score. NaN when one class is empty.
+    """How often a correct answer outscores a wrong one (ties count half). NaN when one
+    class is empty, where sklearn's roc_auc_score would raise."""
+    from sklearn.metrics import roc_auc_score  # a second to import: only when measuring
 
-    router.metrics has the same statistic, but the evaluator may not import the router.
-    """
     s = np.asarray(scores, dtype=np.float64).reshape(-1)
     y = np.asarray(labels, dtype=np.float64).reshape(-1).astype(bool)
     if len(s) != len(y):
         raise ValueError(f"{len(s)} scores for {len(y)} labels")
-    positives = int(y.sum())
-    negatives = len(y) - positives
-    if positives == 0 or negatives == 0:
+    if y.all() or not y.any():
         return float("nan")
-    order = np.argsort(s, kind="stable")
-    ordered = s[order]
-    starts = np.concatenate([[0], np.flatnonzero(ordered[1:] != ordered[:-1]) + 1])
-    ends = np.append(starts[1:], len(s))
-    ranks = np.empty(len(s))
-    ranks[order] = np.repeat((starts + ends + 1) / 2, ends - starts)
-    u = float(ranks[y].sum()) - positives * (positives + 1) / 2
-    return u / (positives * negatives)
+    return float(roc_auc_score(y, s))
 
 
 class CalibrationMetrics(msgspec.Struct, frozen=True):
@@ -299,71 +279,6 @@ def _pair(probabilities: npt.ArrayLike, labels: npt.ArrayLike) -> tuple[FloatArr
     if not ((p >= 0) & (p <= 1)).all():
         raise ValueError("probabilities must lie in [0, 1]")
     return p, y
-
-
-# --- training data from labelled runs --------------------------------------------------
-
-
-class TrainingSet(msgspec.Struct, frozen=True, kw_only=True):
-    """One row per (run, k): the signals of the first k samples' majority answer, and
-    whether that answer is right."""
-
-    signals: list[Signals]
-    labels: list[bool]
-    groups: list[int]  # the run's position in the file, for folds that keep runs whole
-    ks: list[int]
-    short: dict[int, int]  # per k: runs left out for having fewer than k samples
-
-    def rows(self, features: Sequence[str]) -> FloatArray:
-        return np.array([s.features(features) for s in self.signals], dtype=np.float64)
-
-    def readable(self, features: Sequence[str]) -> TrainingSet:
-        """The rows that have every one of ``features``: a row whose samples all came
-        back empty (no text, no logprobs) has no token signals to fit on."""
-        keep = []
-        for i, signals in enumerate(self.signals):
-            try:
-                signals.features(features)
-            except MissingSignal:
-                continue
-            keep.append(i)
-        return TrainingSet(
-            signals=[self.signals[i] for i in keep],
-            labels=[self.labels[i] for i in keep],
-            groups=[self.groups[i] for i in keep],
-            ks=[self.ks[i] for i in keep],
-            short=self.short,
-        )
-
-
-def training_set(
-    runs: Sequence[Run], ks: Sequence[int], settings: SignalSettings = DEFAULT_SETTINGS
-) -> TrainingSet:
-    """Rows for the loop's own candidate: the confidence-weighted vote of the first k
-    samples (evaluator.policy.tally), so that the calibrator learns P(correct) of the
-    answer the loop would give."""
-    if not ks or min(ks) < 1:
-        raise ValueError("k must be at least 1")
-    signals: list[Signals] = []
-    labels: list[bool] = []
-    groups: list[int] = []
-    row_ks: list[int] = []
-    short = dict.fromkeys(ks, 0)
-    for position, run in enumerate(runs):
-        answers = [extract(run.kind, sample.text) for sample in run.samples]
-        traces = [trace_confidence(sample.logprobs, settings) for sample in run.samples]
-        for k in ks:
-            if len(run.samples) < k:
-                short[k] += 1
-                continue
-            verdict = tally(
-                run.kind, run.samples[:k], answers[:k], traces=traces[:k], settings=settings
-            )
-            signals.append(verdict.signals)
-            labels.append(verdict.answer is not None and is_correct(run.question, verdict.text))
-            groups.append(position)
-            row_ks.append(k)
-    return TrainingSet(signals=signals, labels=labels, groups=groups, ks=row_ks, short=short)
 
 
 # --- the file --------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from engines.base import (
     Message,
     SamplingParams,
     TokenLogprob,
+    last_user_turn,
 )
 from engines.fanout import remaining
 from evaluator.answers import AnswerKind, extract, infer_kind
@@ -190,7 +191,7 @@ class ReasoningLoop:
         started = time.monotonic()
         settings = self.settings
         k = settings.branches_for(difficulty)
-        question = next((m.content for m in reversed(messages) if m.role == "user"), "")
+        question = last_user_turn(messages)
         kind = infer_kind(question)
         hedge: asyncio.Task[Generation] | None = None
         if fallback.policy == "small" and fallback.hedge and self.small is not None:
@@ -331,7 +332,7 @@ class ReasoningLoop:
         sample = generation.samples[0]
         if sample.finish_reason not in ("stop", "length"):  # cut off by the deadline
             return generation, 0.0
-        question = next((m.content for m in reversed(messages) if m.role == "user"), "")
+        question = last_user_turn(messages)
         kind = infer_kind(question)
         # A chat model may answer "Is ice cold?" in prose without a yes or a no; that
         # is still its answer, read as free text.

@@ -1,7 +1,7 @@
 """The reasoning loop's decisions, as pure functions of what its branches said.
 
 Two questions, answered the same way live (evaluator.loop) and in replay over the
-trace bank (bench/loop_replay.py), so that the bank's figures are the loop's own:
+trace bank (evaluator.replay), so that the bank's figures are the loop's own:
 
 * which answer the branches so far give, and how likely it is right (``tally``): a
   confidence-weighted vote over the branches that survive DeepConf's filter, whose
@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
 import msgspec
 
 from evaluator.answers import AnswerKind
+from evaluator.calibration import Calibrator
 from evaluator.signals import (
     DEFAULT_SETTINGS,
     MissingSignal,
@@ -31,9 +32,6 @@ from evaluator.signals import (
     probe_streak,
     trace_confidence,
 )
-
-if TYPE_CHECKING:  # calibration fits on this module's tally: no import cycle at run time
-    from evaluator.calibration import Calibrator
 
 Probability = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 Positive = Annotated[int, msgspec.Meta(ge=1)]

@@ -13,12 +13,12 @@ left out), so that a bank of thousands of samples stays a readable size.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
 import msgspec
 
+from engines.jsonl import read_jsonl
 from evaluator.answers import AnswerKind, LabelledQuestion
 
 
@@ -65,20 +65,10 @@ class LoadedRuns(msgspec.Struct, frozen=True):
 def read_runs(path: str | Path, *, skip_bad: bool = False) -> LoadedRuns:
     """Read a runs file. A malformed line is an error unless ``skip_bad``, in which case
     it is skipped and reported; a file with no usable run is always an error."""
-    decoder = msgspec.json.Decoder(Run)
-    runs: list[Run] = []
-    skipped: list[str] = []
-    for number, line in _lines(path):
-        try:
-            runs.append(decoder.decode(line))
-        except msgspec.DecodeError as exc:
-            problem = f"{path}:{number}: {exc}"
-            if not skip_bad:
-                raise RunFileError(f"{problem} (pass --skip-bad to skip malformed lines)") from exc
-            skipped.append(problem)
-    if not runs:
+    loaded = read_jsonl(path, Run, skip_bad=skip_bad, error=RunFileError, skip_flag="--skip-bad")
+    if not loaded.records:
         raise RunFileError(f"{path}: no usable runs")
-    return LoadedRuns(runs, skipped)
+    return LoadedRuns(loaded.records, loaded.skipped)
 
 
 def write_runs(runs: list[Run], path: str | Path) -> None:
@@ -86,13 +76,3 @@ def write_runs(runs: list[Run], path: str | Path) -> None:
     with Path(path).open("wb") as out:
         for run in runs:
             out.write(encoder.encode(run) + b"\n")
-
-
-def _lines(path: str | Path) -> Iterator[tuple[int, bytes]]:
-    try:
-        with Path(path).open("rb") as file:
-            for number, line in enumerate(file, start=1):
-                if line.strip():
-                    yield number, line
-    except OSError as exc:
-        raise RunFileError(f"{path}: cannot read: {exc}") from exc

@@ -1,5 +1,7 @@
-"""Router: embeds a prompt once and scores how likely the small model is to be enough.
+"""Router: embeds a prompt once and scores how likely the small model is to fall short.
 
-Not built yet (see the router issue); the gateway serves ``small`` and ``large``
-directly until then and reserves the model name ``auto`` for routed requests.
+The embedder (embedder) and vector index (index); outcome data (outcomes); scorers
+(scorers), fitted on outcomes (fitting) into a model file (model_file); the threshold
+(calibrate); the router the gateway asks (router); and routing quality as RouteLLM
+measures it (metrics, plots).
 """

@@ -302,7 +302,7 @@ def test_read_questions_names_the_bad_line(tmp_path: Path, bad_line: bytes) -> N
     good = b'{"prompt": "x", "answers": ["1"], "kind": "number"}'
     path = tmp_path / "q.jsonl"
     path.write_bytes(good + b"\n\n" + bad_line + b"\n" + good + b"\n")
-    with pytest.raises(QuestionFileError, match=r"q\.jsonl, line 3: ") as caught:
+    with pytest.raises(QuestionFileError, match=r"q\.jsonl:3: ") as caught:
         read_questions(path)
     assert isinstance(caught.value, ValueError)
 

@@ -4,8 +4,6 @@ official openai client."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,7 +14,7 @@ import openai
 import pytest
 
 from gateway.api.auth import hash_key
-from tests.conftest import BUNDLED_ENGINES, ROOT, start_gateway, stop
+from tests.support import BUNDLED_ENGINES, satisfice, start_gateway, stop
 
 ALPHA, BRAVO, OPS = (f"sk-{name}-{uuid.uuid4().hex}" for name in ("alpha", "bravo", "ops"))
 LIMITED, TOKENS = (f"sk-{name}-{uuid.uuid4().hex}" for name in ("limited", "tokens"))
@@ -213,11 +211,6 @@ def test_a_missing_environment_key_is_refused_at_start(tmp_path: Path) -> None:
         "auth: {keys: {k: {env: SATISFICE_TEST_UNSET_KEY}}}\n"
         "engines: {small: {backend: llama_cpp, model: smollm2-135m-instruct}}\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "config", "check", str(config)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
+    result = satisfice("config", "check", str(config))
     assert result.returncode == 2
     assert "auth.keys.k.env" in result.stderr and "SATISFICE_TEST_UNSET_KEY" in result.stderr

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import free_port, start_gateway, stop
+from tests.support import free_port, spare_redis, start_gateway, stop
 
 ADMIN_KEY = "test-admin-key"
 
@@ -195,21 +195,6 @@ def test_warmup_invalidate_through_admin_endpoints(cached_url: str) -> None:
         assert deleted.status_code == 200 and deleted.json()["deleted"] >= 1
     _, headers = ask(cached_url, tenant_prompt, stop=openai.NOT_GIVEN)
     assert headers["x-satisfice-cache"] == "miss"
-
-
-def spare_redis(port: int, directory: Path) -> subprocess.Popen[bytes]:
-    process = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(directory)],
-        stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    for _ in range(100):
-        ping = subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True,
-                              text=True, check=False)  # fmt: skip
-        if ping.stdout.strip() == "PONG":
-            return process
-        time.sleep(0.05)
-    raise TimeoutError("redis-server did not start")
 
 
 def test_gateway_answers_through_a_redis_outage(tmp_path: Path) -> None:

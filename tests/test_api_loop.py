@@ -15,7 +15,7 @@ import pytest
 
 from evaluator.calibration import Calibrator, write_calibrator
 from evaluator.signals import SignalSettings
-from tests.conftest import BUNDLED_ENGINES, start_gateway, stop
+from tests.support import BUNDLED_ENGINES, start_gateway, stop
 
 # Every routed question is hard (threshold 0), and the calibrator (a real one with
 # every weight zero) gives every answer P = 0.5, so only rounds, tokens and time stop

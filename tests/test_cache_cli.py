@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.support import satisfice
 
 QUESTIONS = [
     ("What is the capital of France?", "Paris"),
@@ -21,11 +20,8 @@ QUESTIONS = [
 ]
 
 
-def satisfice(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "cache", *args],
-        cwd=ROOT, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+def cache(*args: str) -> subprocess.CompletedProcess[str]:
+    return satisfice("cache", *args)
 
 
 @pytest.fixture
@@ -54,7 +50,7 @@ def test_warmup_is_idempotent_reports_bad_lines_and_can_be_invalidated(
     warm = tmp_path / "warm.jsonl"
     warm.write_text("\n".join(lines) + "\n")
 
-    first = satisfice("warmup", str(warm), "--namespace", "acme", "--config", str(redis_config))
+    first = cache("warmup", str(warm), "--namespace", "acme", "--config", str(redis_config))
     assert first.returncode == 1, first.stderr  # some lines were bad
     report = json.loads(first.stdout)
     assert report["added"] == 4 and report["bad"] == 2
@@ -62,19 +58,19 @@ def test_warmup_is_idempotent_reports_bad_lines_and_can_be_invalidated(
     assert "response" in report["errors"][0]["error"]
 
     again = json.loads(
-        satisfice("warmup", str(warm), "--namespace", "acme", "--config", str(redis_config)).stdout
+        cache("warmup", str(warm), "--namespace", "acme", "--config", str(redis_config)).stdout
     )
     assert again["added"] == 0 and again["replaced"] == 4
 
-    stats = json.loads(satisfice("stats", "--config", str(redis_config)).stdout)
+    stats = json.loads(cache("stats", "--config", str(redis_config)).stdout)
     assert stats["store"]["entries"] == 4 and stats["indexed"] == 4
     assert [n["namespace"].split(":")[:2] for n in stats["namespaces"]] == [["acme", "auto"]]
 
-    other = satisfice("invalidate", "--namespace", "someone-else", "--config", str(redis_config))
+    other = cache("invalidate", "--namespace", "someone-else", "--config", str(redis_config))
     assert json.loads(other.stdout) == {"deleted": 0}
-    dropped = satisfice("invalidate", "--namespace", "acme", "--config", str(redis_config))
+    dropped = cache("invalidate", "--namespace", "acme", "--config", str(redis_config))
     assert json.loads(dropped.stdout) == {"deleted": 4}
-    stats = json.loads(satisfice("stats", "--config", str(redis_config)).stdout)
+    stats = json.loads(cache("stats", "--config", str(redis_config)).stdout)
     assert stats["store"]["entries"] == 0
 
 
@@ -91,12 +87,12 @@ def test_dry_run_reports_the_hit_rate_and_stores_nothing(
         "How do I bake bread?",  # unrelated
     ]
     queries.write_text("".join(json.dumps({"prompt": q}) + "\n" for q in asked))
-    result = satisfice("warmup", str(warm), "--dry-run", "--queries", str(queries),
+    result = cache("warmup", str(warm), "--dry-run", "--queries", str(queries),
                        "--config", str(redis_config))  # fmt: skip
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report == {"queries": 4, "hit_rate": 0.5, "exact_hits": 1, "semantic_hits": 1}
-    stats = json.loads(satisfice("stats", "--config", str(redis_config)).stdout)
+    stats = json.loads(cache("stats", "--config", str(redis_config)).stdout)
     assert stats["store"]["entries"] == 0
 
 
@@ -106,5 +102,5 @@ def test_warmup_refuses_a_store_that_keeps_nothing(tmp_path: Path) -> None:
                       "cache: {}\n")  # fmt: skip
     warm = tmp_path / "warm.jsonl"
     warm.write_text(json.dumps({"prompt": "q", "response": "a"}) + "\n")
-    result = satisfice("warmup", str(warm), "--config", str(config))
+    result = cache("warmup", str(warm), "--config", str(config))
     assert result.returncode != 0 and "cache.store.snapshot" in result.stderr

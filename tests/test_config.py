@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ import pytest
 from engines.settings import LlamaCppSettings
 from engines.templates import CompletionTemplate
 from gateway.config import ConfigError, load_config, parse_config
+from tests.support import satisfice
 
 BASE = """
 engines:
@@ -62,12 +62,7 @@ def test_bad_config_names_path_value_and_expectation(text: str, expected: str) -
 
 
 def _check(path: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "config", "check", str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    return satisfice("config", "check", str(path))
 
 
 def test_config_check_command(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 from engines.base import Delta, EngineUnavailable, Generation, Message, SamplingParams
 from engines.openai_http import OpenAIHTTPEngine
 from engines.settings import OpenAIHTTPSettings
-from tests.conftest import free_port, llama_server, stop
+from tests.support import free_port, llama_server, stop
 
 QUESTION = (Message("user", "What is 2+2?"),)
 STORY = (Message("user", "Write a long story about a dragon and a knight."),)

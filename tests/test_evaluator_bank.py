@@ -4,12 +4,10 @@ engine, into a runs file that the calibrator reads."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 from evaluator.runs import read_runs
-from tests.conftest import ROOT
+from tests.support import satisfice
 
 
 def test_bank_samples_each_question_k_times_with_logprobs(tmp_path: Path) -> None:
@@ -20,11 +18,9 @@ def test_bank_samples_each_question_k_times_with_logprobs(tmp_path: Path) -> Non
     ]
     dataset.write_text("".join(json.dumps(q) + "\n" for q in questions))
     out = tmp_path / "runs.jsonl"
-    result = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "evaluator", "bank", "--dataset", str(dataset),
-         "--out", str(out), "--engine", "small", "--samples", "3", "--max-tokens", "6",
-         "--top-logprobs", "2"],
-        cwd=ROOT, capture_output=True, text=True, check=False,
+    result = satisfice(
+        "evaluator", "bank", "--dataset", str(dataset), "--out", str(out), "--engine", "small",
+        "--samples", "3", "--max-tokens", "6", "--top-logprobs", "2",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     runs = read_runs(out).runs

@@ -4,8 +4,6 @@ it is fitted on, and `satisfice evaluator fit` end to end on a small synthetic f
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import msgspec
@@ -25,7 +23,6 @@ from evaluator.calibration import (
     measure,
     read_calibrator,
     roc_auc,
-    training_set,
     write_calibrator,
 )
 from evaluator.runs import (
@@ -38,6 +35,8 @@ from evaluator.runs import (
     write_runs,
 )
 from evaluator.signals import DEFAULT_FEATURES, SignalSettings, compute_signals
+from evaluator.training import training_set
+from tests.support import satisfice
 
 # --- metrics ---------------------------------------------------------------------------
 
@@ -293,12 +292,6 @@ def test_training_set_labels_the_majority_of_the_first_k() -> None:
 
 
 # --- the command -----------------------------------------------------------------------
-
-
-def satisfice(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", *args], capture_output=True, text=True, check=False
-    )
 
 
 def write_synthetic_runs(path: Path, n: int, *, logprobs: bool = True, seed: int = 0) -> None:

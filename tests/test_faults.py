@@ -19,8 +19,8 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.config import ConfigError, parse_config
-from tests.conftest import free_port, llama_server, start_gateway, stop
-from tests.test_api_cache import ask, cache_gateway_config, spare_redis
+from tests.support import free_port, llama_server, spare_redis, start_gateway, stop
+from tests.test_api_cache import ask, cache_gateway_config
 
 STORY = [{"role": "user", "content": "Write a long story about a dragon and a knight."}]
 HELLO = [{"role": "user", "content": "What is 2+2?"}]
@@ -302,7 +302,7 @@ async def test_sigterm_drains_in_flight_streams(tmp_path: Path) -> None:
             await asyncio.sleep(0.05)
         assert refused, "new connections still served after SIGTERM"
 
-        # Within uvicorn's timeout_graceful_shutdown (30 s, gateway/cli.py).
+        # Within uvicorn's timeout_graceful_shutdown (30 s, gateway/cli/__init__.py).
         results = await asyncio.wait_for(asyncio.gather(*streams), timeout=30)
         for status, text, done in results:
             assert status == 200 and text.strip() and done

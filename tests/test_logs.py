@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import httpx
@@ -21,7 +18,7 @@ from gateway.ops.logs import (
     request_id,
     valid_request_id,
 )
-from tests.conftest import GATEWAY_CONFIG, ROOT, free_port, stop, wait_until_ready
+from tests.support import GATEWAY_CONFIG, start_gateway, stop
 
 
 def _record(message: str, **extra: object) -> logging.LogRecord:
@@ -95,19 +92,10 @@ assert "log_format" in CONFIG
 
 
 def test_gateway_logs_json_with_request_ids(tmp_path: Path) -> None:
-    config = tmp_path / f"satisfice-{uuid.uuid4().hex[:6]}.yaml"
-    config.write_text(CONFIG)
     log = tmp_path / "stderr.log"
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     with log.open("wb") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config),
-             "--port", str(port)],
-            cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stderr=stderr,
-        )  # fmt: skip
+        url, process = start_gateway(CONFIG, tmp_path, stderr=stderr)
     try:
-        wait_until_ready(f"{url}/readyz", process)
         body = {"model": "small", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
         chat = f"{url}/v1/chat/completions"
         given = httpx.post(chat, json=body, headers={"x-request-id": "test-123"}, timeout=60)

@@ -1,37 +1,27 @@
-"""bench/loop_replay.py on small synthetic trace banks: no model, exact numbers."""
+"""evaluator.replay and evaluator.replay_report, and bench/loop_replay.py over them, on
+small synthetic trace banks: no model, exact numbers."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import msgspec
 import pytest
 
+from evaluator import replay, replay_report
 from evaluator.calibration import Calibrator
 from evaluator.policy import LoopSettings
 from evaluator.runs import Run, RunAlternative, RunSample, RunToken, write_runs
-from evaluator.signals import DEFAULT_FEATURES, DEFAULT_SETTINGS, SignalSettings
+from evaluator.signals import DEFAULT_FEATURES, DEFAULT_SETTINGS, SignalSettings, majority
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "loop_replay.py"
-
-
-def _load() -> ModuleType:
-    # bench/ holds scripts, not a package.
-    spec = importlib.util.spec_from_file_location("loop_replay", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-replay = _load()
 
 
 def sample(
@@ -155,7 +145,7 @@ def test_pruning_cuts_the_tokens_and_the_votes_of_branches_that_lose_confidence(
     assert unsure_only.verdict(4, 2.0) is None
     assert replay.loop_rule(LoopSettings(threshold=0.5, max_rounds=1, prune_below=2.0), 1)(
         unsure_only
-    ) == replay.Outcome(None, False, 36, 4, 0.0)
+    ) == replay.PolicyOutcome(None, False, 36, 4, 0.0)
     # The loop's rule costs the same under the filter: one round of four.
     outcome = loop(threshold=0.5, rounds=1, prune_below=2.0)(q)
     assert (outcome.tokens, outcome.answer) == (39, "7")
@@ -199,17 +189,17 @@ def test_answer_change_rate_and_accuracy_of_a_point() -> None:
         question(number_run(["5", "7", "7", "7"], rid="b")),
         question(number_run(["5", "5", "5", "7"], rid="c")),
     ]
-    reference = [replay.majority(q.answers) for q in questions]
+    reference = [majority(q.answers) for q in questions]
     assert reference == ["7", "7", "5"]
-    first = replay.point(questions, replay.fixed_plain(1), "k=1", 1, reference)
+    first = replay_report.point(questions, replay.fixed_plain(1), "k=1", 1, reference)
     assert first.answer_change == pytest.approx(1 / 3)  # only b's first sample differs
     assert (first.correct, first.mean_tokens, first.mean_branches) == (1, 3.0, 1.0)
-    whole = replay.point(questions, replay.fixed_plain(4), "k=4", 4, reference)
+    whole = replay_report.point(questions, replay.fixed_plain(4), "k=4", 4, reference)
     assert (whole.answer_change, whole.correct, whole.mean_tokens) == (0.0, 2, 12.0)
 
 
 def _point(setting: str, correct: int, tokens: float) -> Any:
-    return replay.Point(
+    return replay_report.Point(
         setting=setting,
         value=0.0,
         accuracy=correct / 100,
@@ -226,11 +216,14 @@ def _point(setting: str, correct: int, tokens: float) -> Any:
 def test_tokens_saved_at_the_reference_accuracy_and_within_one_point() -> None:
     reference = _point("k=16", 50, 100.0)
     points = [_point("a", 50, 40.0), _point("b", 49, 20.0), _point("c", 47, 5.0), reference]
-    assert replay.tokens_saved(points, reference) == (pytest.approx(0.6), "a")
-    assert replay.tokens_saved(points, reference, slack=1) == (pytest.approx(0.8), "b")
-    assert replay.tokens_saved([_point("d", 49, 10.0)], reference) == (None, None)
-    curve = replay.curve("p", points, reference, questions=100)
-    assert (curve.saved, curve.saved_within_1pt) == (pytest.approx(0.6), pytest.approx(0.8))
+    saved, at = replay_report.tokens_saved(points, reference)
+    assert saved == pytest.approx(0.6) and at == "a"
+    saved, at = replay_report.tokens_saved(points, reference, slack=1)
+    assert saved == pytest.approx(0.8) and at == "b"
+    assert replay_report.tokens_saved([_point("d", 49, 10.0)], reference) == (None, None)
+    curve = replay_report.curve("p", points, reference, questions=100)
+    assert curve.saved == pytest.approx(0.6)
+    assert curve.saved_within_1pt == pytest.approx(0.8)
 
 
 def test_chance_levels() -> None:
@@ -241,12 +234,12 @@ def test_chance_levels() -> None:
         samples=(sample("B", [1.0]),),
         prompt="Which?\n\nA. one\nB. two\nC. three\nD. four\n\nAnswer with the letter only.",
     )
-    assert replay.chance_level([choice]) == 0.25
+    assert replay_report.chance_level([choice]) == 0.25
     yes, no = (
         Run(id=a, kind="yesno", answers=[a], samples=(sample(a, [1.0]),)) for a in ("yes", "no")
     )
-    assert replay.chance_level([yes, yes, yes, no]) == 0.75
-    assert replay.chance_level([number_run(["7"])]) == 0.0
+    assert replay_report.chance_level([yes, yes, yes, no]) == 0.75
+    assert replay_report.chance_level([number_run(["7"])]) == 0.0
 
 
 def test_branch_orders_shuffle_each_question_or_keep_the_banks_order() -> None:
@@ -279,13 +272,17 @@ def synthetic_bank(path: Path) -> None:
     write_runs(runs, path)
 
 
-def test_main_runs_end_to_end_on_a_tiny_bank(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_the_script_runs_end_to_end_on_a_tiny_bank(tmp_path: Path) -> None:
     bank, out, png = tmp_path / "bank.jsonl", tmp_path / "replay.json", tmp_path / "replay.png"
     synthetic_bank(bank)
     args = ["--runs", str(bank), "--folds", "2", "--k", "1", "4", "8", "--orders", "2"]
-    assert replay.main([*args, "--out-json", str(out), "--plot", str(png)]) == 0
+    script = subprocess.run(
+        [sys.executable, str(SCRIPT), *args, "--out-json", str(out), "--plot", str(png)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert script.returncode == 0, script.stderr
     report = json.loads(out.read_text())
     assert (report["runs"], report["samples"], report["rounds"], report["orders"]) == (12, 8, 2, 2)
     assert report["calibration"]["kind"] == "cross-fitted"
@@ -313,7 +310,7 @@ def test_main_runs_end_to_end_on_a_tiny_bank(
             assert 0.0 <= p["ece"] <= 1.0
             assert 0.0 <= p["answer_change"] <= 1.0
     assert png.stat().st_size > 10_000
-    assert "fixed-k majority" in capsys.readouterr().out
+    assert "fixed-k majority" in script.stdout
 
 
 def test_the_proposed_settled_vote_stop_ends_a_unanimous_round_however_unlikely() -> None:

@@ -18,7 +18,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import BUNDLED_ENGINES, start_gateway, stop
+from tests.support import BUNDLED_ENGINES, start_gateway, stop
 
 HELLO = [{"role": "user", "content": "What is 2+2?"}]
 STORY = [{"role": "user", "content": "Write a long story about a dragon and a knight."}]

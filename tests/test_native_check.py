@@ -15,7 +15,6 @@ import platform
 import shlex
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,19 +23,9 @@ import pytest
 
 from engines.llama_cpp import LlamaCppEngine
 from engines.native_check import REBUILD, amx_instructions, explain, library_path
-from tests.conftest import ROOT, free_port, stop
+from tests.support import ROOT, satisfice, start_gateway, stop
 
 x86_only = pytest.mark.skipif(platform.machine() != "x86_64", reason="AMX is x86-64's")
-
-
-def satisfice(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
 
 
 def makefile_cmake_args() -> str:
@@ -61,7 +50,7 @@ def predefined_macros(compiler: str, flags: list[str]) -> set[str]:
 
 
 def test_engines_check_generates_with_every_bundled_model() -> None:
-    done = satisfice("engines", "check")
+    done = satisfice("engines", "check", timeout_s=300)
     assert done.returncode == 0, done.stderr
     assert "small (SmolLM2-135M-Instruct.Q4_1.gguf)" in done.stdout
     assert "large (gemma-3-270m" in done.stdout
@@ -117,26 +106,20 @@ def test_other_crashes_and_failures_say_what_the_child_printed() -> None:
 def test_serve_exits_non_zero_when_an_engine_cannot_generate(tmp_path: Path) -> None:
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF" + bytes(range(256)) * 64)
-    config = tmp_path / "broken.yaml"
-    config.write_text(f"engines:\n  small:\n    backend: llama_cpp\n    model: {broken}\n")
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config),
-         "--port", str(port)],
-        cwd=ROOT, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    config = f"engines:\n  small:\n    backend: llama_cpp\n    model: {broken}\n"
+    url, process = start_gateway(config, tmp_path, stderr=subprocess.PIPE, ready=False)
     try:
         deadline = time.monotonic() + 120
         while process.poll() is None and time.monotonic() < deadline:
             with contextlib.suppress(httpx.TransportError):  # never ready, however early
-                assert httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 503
+                assert httpx.get(f"{url}/readyz", timeout=1).status_code == 503
             time.sleep(0.1)
         assert process.wait(timeout=1) == 3
     finally:
         if process.poll() is None:
             stop(process)
     assert process.stderr is not None
-    printed = process.stderr.read()
+    printed = process.stderr.read().decode(errors="replace")
     assert "error: the gateway could not start" in printed
     assert f"could not generate with {broken}" in printed
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import logging
 import uuid
+from pathlib import Path
 
 import pytest
 
-from gateway.config import KeySettings
+from engines.breaker import Breaker
 from gateway.api.errors import APIError
+from gateway.config import KeySettings
 from gateway.ops.limits import (
     WINDOW_S,
     MemoryCounters,
@@ -18,7 +20,7 @@ from gateway.ops.limits import (
     Refusal,
     retry_after,
 )
-from tests.conftest import free_port
+from tests.support import free_port, spare_redis, stop
 
 REDIS = "redis://127.0.0.1:6379/0"
 DIGEST = "0" * 64
@@ -89,6 +91,34 @@ async def test_an_unavailable_redis_leaves_requests_unlimited(
         assert len(outages) == 1  # one line per outage, not one per request
     finally:
         await limiter.close()
+
+
+async def test_limits_are_on_again_once_their_redis_answers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    port = free_port()
+    now = [1000.0]  # the breaker's clock, moved by hand
+    breaker = Breaker(failures=1, open_s=1.0, clock=lambda: now[0])
+    limiter = RateLimiter(RedisCounters(f"redis://127.0.0.1:{port}/0"), breaker)
+    settings = limits(requests_per_minute=1)
+    redis = None
+    try:
+        with caplog.at_level(logging.INFO, logger="satisfice.gateway"):
+            assert not await refused(limiter, "k", settings)  # down: unlimited
+            redis = spare_redis(port, tmp_path)
+            # Within open_s Redis is left alone: this request is not counted ...
+            assert not await refused(limiter, "k", settings)
+            now[0] += 1.0
+            # ... and the next one tries it, is counted, and ends the outage.
+            assert not await refused(limiter, "k", settings)
+            assert await refused(limiter, "k", settings)
+        messages = [r.getMessage() for r in caplog.records]
+        assert sum("rate limits off" in m for m in messages) == 1
+        assert sum("rate limits on again" in m for m in messages) == 1
+    finally:
+        await limiter.close()
+        if redis is not None:
+            stop(redis)
 
 
 def test_retry_after_waits_for_the_window_to_slide() -> None:

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from gateway.api.auth import hash_key
-from tests.conftest import config_file, start_gateway, stop
+from tests.support import config_file, start_gateway, stop
 
 SMALL = """
 engines:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from router.model_file import LogisticModel, read_router
+from tests.support import satisfice
 
 EASY = ["What is 2+2?", "Say hello.", "Name a colour.", "What is 3+5?", "Say thanks."]
 HARD = [
@@ -19,12 +18,6 @@ HARD = [
     "If 3 workers build 7 walls in 5.5 days, how many walls do 11 workers build in 9 days?",
     "Explain why the halting problem is undecidable with a diagonal argument.",
 ]
-
-
-def satisfice(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", *args], capture_output=True, text=True, check=False
-    )
 
 
 @pytest.fixture(scope="module")

@@ -54,4 +54,3 @@ async def test_auto_without_router_is_a_clear_404() -> None:
     assert decision.cache == "off" and decision.route == decision.engine == "small"
     assert decision.difficulty is None
     assert isinstance(events[0], TextDelta) and isinstance(events[-1], Finished)
-

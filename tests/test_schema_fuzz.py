@@ -22,7 +22,7 @@ from schemathesis import GenerationMode, checks
 from schemathesis.schemas import BaseSchema
 
 from gateway.api.wire import ChatCompletionChunk, ErrorResponse
-from tests.conftest import BUNDLED_ENGINES, start_gateway, stop
+from tests.support import BUNDLED_ENGINES, start_gateway, stop
 
 ADMIN_KEY = "fuzz-admin-key"
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import start_gateway, stop
+from tests.support import start_gateway, stop
 
 ADMIN = "shedding-admin"
 CONFIG = f"""

@@ -32,9 +32,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from gateway.config import ConfigError, parse_config
-from gateway.ops.tracing import TelemetrySettings, from_environment
-from tests.conftest import ROOT, start_gateway, stop
+from gateway.config import ConfigError, TelemetrySettings, parse_config
+from gateway.ops.tracing import from_environment
+from tests.support import ROOT, start_gateway, stop
 from tests.test_metrics import LOOP_AND_CACHE_CONFIG
 
 SERVER = 2  # Span.SpanKind.SPAN_KIND_SERVER in the OTLP protobuf

@@ -19,6 +19,7 @@ import msgspec
 from redis.exceptions import RedisError
 
 from cache.redis_store import redis_client
+from engines.breaker import Breaker, BreakerOpen
 from gateway.api.errors import APIError
 from gateway.config import KeySettings
 
@@ -29,6 +30,9 @@ WINDOW_S = 60
 _TTL_MS = 2 * WINDOW_S * 1000
 # Redis slower than this counts as down: requests go on unlimited rather than wait.
 _REDIS_TIMEOUT_S = 0.25
+# Once it is down, requests skip it this long before one tries it again: waiting out
+# the timeout on each would add it to every keyed request while Redis is away.
+_REDIS_RETRY_S = 1.0
 
 # KEYS: requests now, requests before, tokens now, tokens before.
 # ARGV: request limit, token limit (0: none), token cost, elapsed share of the window.
@@ -131,9 +135,11 @@ class RedisCounters:
 class RateLimiter:
     """Admits each keyed request against its key's limits, or refuses it with 429."""
 
-    def __init__(self, counters: Counters) -> None:
+    def __init__(self, counters: Counters, breaker: Breaker | None = None) -> None:
         self._counters = counters
-        self._down = False  # for one log line per Redis outage, not one per request
+        # The same "is it down?" rule as the cache's Redis store: after one failure the
+        # counters are left alone for a while (memory counters never fail).
+        self._breaker = breaker or Breaker(failures=1, open_s=_REDIS_RETRY_S)
 
     async def admit(self, key: str, settings: KeySettings, tokens: int) -> None:
         requests_limit = settings.requests_per_minute or 0
@@ -150,20 +156,7 @@ class RateLimiter:
             )
         now = time.time()
         window, share = int(now // WINDOW_S), (now % WINDOW_S) / WINDOW_S
-        try:
-            refusal = await self._counters.admit(
-                key, window, share, (requests_limit, tokens_limit), tokens
-            )
-        except (RedisError, OSError) as exc:
-            # Limits protect capacity; an outage of their store must not become one of
-            # the API. Requests go on unlimited until Redis answers again.
-            if not self._down:
-                log.error("rate limits off: their Redis is unavailable: %s", exc)
-            self._down = True
-            return
-        if self._down:
-            log.info("rate limits on again: their Redis answers")
-            self._down = False
+        refusal = await self._count(key, window, share, (requests_limit, tokens_limit), tokens)
         if refusal is None:
             return
         limit = requests_limit if refusal.limit == "requests" else tokens_limit
@@ -177,6 +170,28 @@ class RateLimiter:
             code="rate_limit_exceeded",
             retry_after_s=retry_after_s,
         )
+
+    async def _count(
+        self, key: str, window: int, share: float, limits: tuple[int, int], tokens: int
+    ) -> Refusal | None:
+        """The counters' verdict; None (admitted) while their store is down: limits
+        protect capacity, and an outage of their store must not become one of the API."""
+        try:
+            ticket = self._breaker.admit()
+        except BreakerOpen:
+            return None
+        try:
+            refusal = await self._counters.admit(key, window, share, limits, tokens)
+        except (RedisError, OSError) as exc:
+            if self._breaker.failed(ticket):
+                log.error("rate limits off: their Redis is unavailable: %s", exc)
+            return None
+        except BaseException:
+            self._breaker.abandoned(ticket)
+            raise
+        if self._breaker.succeeded(ticket):
+            log.info("rate limits on again: their Redis answers")
+        return refusal
 
     async def close(self) -> None:
         await self._counters.close()

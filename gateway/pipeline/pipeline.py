@@ -157,7 +157,7 @@ class Pipeline:
     ) -> Answer | None:
         cache = self._runtime.cache
         assert cache is not None
-        found, _ = await cache.lookup(plan.namespace, plan.prompt, embedded.get, policy.cache)
+        found = await cache.lookup(plan.namespace, plan.prompt, embedded.get, policy.cache)
         # An answer longer than the client allows is not its answer.
         if not isinstance(found, Hit) or found.entry.completion_tokens > request.params.max_tokens:
             return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-from engines.base import Message, SamplingParams
+from engines.base import Message, SamplingParams, last_user_turn
 
 
 class ChatRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -24,8 +24,3 @@ class ChatRequest(msgspec.Struct, frozen=True, kw_only=True):
     def last_user_turn(self) -> str:
         """What the cache and the router compare: the last user turn (else the last turn)."""
         return last_user_turn(self.messages) or self.messages[-1].content
-
-
-def last_user_turn(messages: tuple[Message, ...]) -> str:
-    """The content of the last user message; empty when there is none."""
-    return next((m.content for m in reversed(messages) if m.role == "user"), "")

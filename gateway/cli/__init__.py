@@ -1,4 +1,6 @@
-"""The ``satisfice`` command."""
+"""The ``satisfice`` command: serve, config, engines and keys here; the cache, router
+and evaluator command groups in this package's modules of those names. Each command is
+a thin shell: its logic lives in the package that owns it."""
 
 from __future__ import annotations
 
@@ -10,17 +12,20 @@ from pathlib import Path
 
 import msgspec
 
+from cache.pairs import PairFileError
+from cache.standalone import StoreKeepsNothing
 from engines.bundled import model_file
 from engines.native_check import LlamaCppUnusable, check_models
 from engines.settings import LlamaCppSettings
+from evaluator.answers import QuestionFileError
 from evaluator.calibration import CalibratorFileError, calibrator_file, read_calibrator
 from gateway.api.auth import KeyTable, hash_key
-from gateway.cache_commands import add_commands as add_cache_commands
+from gateway.cli import cache as cache_commands
+from gateway.cli import evaluator as evaluator_commands
+from gateway.cli import router as router_commands
 from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.config.docs import render_reference
-from gateway.evaluator_commands import add_commands as add_evaluator_commands
 from gateway.ops.logs import configure_logging
-from gateway.router_commands import add_commands as add_router_commands
 from router.model_file import RouterFileError
 from router.outcomes import OutcomeError
 
@@ -162,9 +167,9 @@ def _parser() -> argparse.ArgumentParser:
     hashed.add_argument("key", nargs="?", help="the key (default: one line on stdin)")
     hashed.set_defaults(run=_keys_hash)
 
-    add_router_commands(commands)
-    add_cache_commands(commands)
-    add_evaluator_commands(commands)
+    router_commands.add_commands(commands)
+    cache_commands.add_commands(commands)
+    evaluator_commands.add_commands(commands)
     return parser
 
 
@@ -175,11 +180,14 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"invalid config: {exc}", file=sys.stderr)
         return 2
-    except (OutcomeError, RouterFileError, CalibratorFileError) as exc:
+    except (
+        OutcomeError,
+        RouterFileError,
+        CalibratorFileError,
+        QuestionFileError,
+        PairFileError,
+        StoreKeepsNothing,
+    ) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,7 +10,7 @@ It also times the logprob recorder alone on the live logits, which is the steadi
 figure for its cost per token.
 
 Greedy decoding makes every variant generate the same tokens. Run:
-    .venv/bin/python bench/engines.py [--rounds 5] [--tokens 128] [--json FILE]
+    .venv/bin/python bench/engine_speed.py [--rounds 5] [--tokens 128] [--json FILE]
 ``--plain`` times the plain variant alone (bench/llama_builds.py runs it once per build);
 ``--no-extra-bufts`` loads the models without llama.cpp's extra buffer types (the
 repacked weights its AMX and AVX matrix kernels use).
@@ -22,21 +22,17 @@ import argparse
 import asyncio
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import llama_cpp
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from engines.base import Message, SamplingParams  # noqa: E402
-from engines.bundled import model_file  # noqa: E402
-from engines.llama_cpp import LlamaCppEngine, LogprobRecorder  # noqa: E402
-from engines.settings import LlamaCppSettings  # noqa: E402
-from engines.templates import CompletionTemplate  # noqa: E402
-from gateway.config import load_config  # noqa: E402
+from engines.base import Message, SamplingParams
+from engines.bundled import model_file
+from engines.llama_cpp import LlamaCppEngine, LogprobRecorder
+from engines.settings import LlamaCppSettings
+from engines.templates import CompletionTemplate
+from gateway.config import load_config
 
 PROMPT = (Message("user", "Write a long story about a dragon and a knight."),)
 

@@ -1,0 +1,249 @@
+"""Helpers the tests share: real processes (a `satisfice serve` gateway, llama.cpp's own
+server, a spare Redis, the CLI), the configs they start with, and a virtual clock.
+
+Fixtures live in conftest.py and use these; test modules import them from here, never
+from conftest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import selectors
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Coroutine, Sequence
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+import httpx
+
+from engines.bundled import SMOLLM2, model_file
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# The CLI as the tests run it: this interpreter, from the checkout.
+SATISFICE = (sys.executable, "-m", "gateway.cli")
+
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until_ready(url: str, process: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args!r} exited with {process.returncode}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} not ready after {timeout_s}s")
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def satisfice(
+    *args: str, timeout_s: float | None = None, input: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """One `satisfice` command run to its end, its output captured as text."""
+    return subprocess.run(
+        [*SATISFICE, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout_s,
+        input=input,
+    )
+
+
+def start_gateway(
+    config_text: str,
+    directory: Path,
+    *,
+    env: dict[str, str] | None = None,
+    stderr: IO[bytes] | int | None = None,
+    args: Sequence[str] = (),
+    ready: bool = True,
+) -> tuple[str, subprocess.Popen[bytes]]:
+    """A real `satisfice serve` process on a free port with this config, and its URL.
+
+    It returns once /readyz answers 200 (``ready=False``: at once, for a gateway that
+    is not meant to get there); ``config_file(process)`` is the file it reads (and
+    reloads). ``env`` adds to this process's environment, ``stderr`` takes the
+    gateway's log (a file, or subprocess.PIPE), ``args`` go after ``serve``'s own.
+    """
+    config = directory / f"satisfice-{uuid.uuid4().hex[:6]}.yaml"
+    config.write_text(config_text)
+    port = free_port()
+    process = subprocess.Popen(
+        [*SATISFICE, "serve", "--config", str(config), "--port", str(port), *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        stderr=stderr,
+    )
+    url = f"http://127.0.0.1:{port}"
+    if ready:
+        try:
+            wait_until_ready(f"{url}/readyz", process)
+        except BaseException:
+            stop(process)
+            raise
+    return url, process
+
+
+def config_file(process: subprocess.Popen[bytes]) -> Path:
+    """The --config file of a gateway that start_gateway started."""
+    args = [str(arg) for arg in process.args]  # type: ignore[union-attr]
+    return Path(args[args.index("--config") + 1])
+
+
+def llama_server(port: int, models_dir: Path) -> subprocess.Popen[bytes]:
+    """llama.cpp's own OpenAI-compatible server with the bundled SmolLM2 on ``port``,
+    once ready (at http://127.0.0.1:<port>/v1)."""
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "llama_cpp.server",
+            "--model", str(model_file(SMOLLM2, models_dir)),
+            "--model_alias", "smollm2",
+            "--host", "127.0.0.1", "--port", str(port),
+            "--n_ctx", "2048", "--n_threads", "1",
+            # Queue concurrent requests instead of cutting the running one off.
+            "--interrupt_requests", "false",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_until_ready(f"http://127.0.0.1:{port}/v1/models", process)
+    except BaseException:
+        stop(process)
+        raise
+    return process
+
+
+def spare_redis(port: int, directory: Path) -> subprocess.Popen[bytes]:
+    """A Redis of a test's own on ``port`` (not the shared one on 6379), without
+    persistence unless told to save, once it answers PING."""
+    process = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(directory)],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    for _ in range(100):
+        ping = subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True,
+                              text=True, check=False)  # fmt: skip
+        if ping.stdout.strip() == "PONG":
+            return process
+        time.sleep(0.05)
+    process.kill()
+    process.wait()
+    raise TimeoutError("redis-server did not start")
+
+
+# Both bundled models as a test gateway's engines, the large one's answers cut at the
+# end of their line by its template's stops.
+BUNDLED_ENGINES = """
+engines:
+  small:
+    backend: llama_cpp
+    model: smollm2-135m-instruct
+  large:
+    backend: llama_cpp
+    model: gemma3-270m
+    template:
+      stop: ["\\nQuestion:", "\\n\\n"]
+"""
+
+# The session's shared gateway (conftest's gateway_url): both bundled models, the
+# small one with a queue of one, and the server's limits low enough to test.
+GATEWAY_CONFIG = """
+router: {}
+server:
+  max_body_bytes: 65536
+  max_tokens_cap: 512
+  max_n: 4
+engines:
+  small:
+    backend: llama_cpp
+    model: smollm2-135m-instruct
+    queue_size: 1
+  large:
+    backend: llama_cpp
+    model: gemma3-270m
+    template:
+      stop: ["\\nQuestion:", "\\n\\n"]
+"""
+
+
+class VirtualClock:
+    """Time for code that reads ``time.monotonic()``, moved by hand or by waiting.
+
+    ``run`` runs a coroutine on an event loop of its own in which this clock is
+    ``time.monotonic()`` (and so the loop's own time): whenever every task waits on a
+    timer, the clock jumps to the earliest one instead of sleeping. A test of deadlines
+    then sees the same times on every run, however busy the machine is.
+    """
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def run(self, main: Coroutine[Any, Any, T]) -> T:
+        loop = asyncio.SelectorEventLoop(_JumpingSelector(self))
+        real = time.monotonic
+        time.monotonic = self.monotonic
+        try:
+            return loop.run_until_complete(main)
+        finally:
+            try:
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            finally:
+                time.monotonic = real
+                loop.close()
+
+
+class _JumpingSelector(selectors.DefaultSelector):
+    """Asks the OS only whether a file is ready now; the wait for the next timer is
+    the virtual clock's jump."""
+
+    # A loop with no timer and nothing ready can only be woken by another thread.
+    IDLE_LIMIT_S = 30.0
+
+    def __init__(self, clock: VirtualClock) -> None:
+        super().__init__()
+        self._clock = clock
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if timeout is None:
+            events = super().select(self.IDLE_LIMIT_S)
+            if not events:
+                raise RuntimeError("every task waits, and on nothing that can end")
+            return events
+        events = super().select(0)
+        if not events and timeout > 0:
+            self._clock.advance(timeout)
+        return events

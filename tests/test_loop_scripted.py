@@ -1,0 +1,443 @@
+"""The reasoning loop, decision by decision, on a scripted engine.
+
+Each branch replays a script (engines/scripted.py): what it answers, how sure each of
+its tokens is, how long each takes. The calibrators are tiny ones written here, so
+every P(correct) is a number the test can compute, and time is a virtual clock
+(tests/support.py), so deadlines fall on the same token on every run. The same rules
+on the bundled models are in tests/test_loop.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+
+import msgspec
+import pytest
+
+from engines.base import EngineOverloaded, Message, SamplingParams
+from engines.scripted import Script, ScriptCall, ScriptedEngine, script
+from evaluator.calibration import Calibrator
+from evaluator.loop import (
+    DEFAULT_FALLBACK,
+    FallbackSettings,
+    LoopResult,
+    ReasoningLoop,
+    Thinking,
+)
+from evaluator.policy import LoopSettings
+from evaluator.signals import SignalSettings
+from tests.support import VirtualClock
+
+QUESTION = [Message("user", "What is 6 * 7?")]
+# Token confidence is the mean of the top-2 log-probs, negated; one group is 4 tokens.
+SIGNALS = SignalSettings(top_k=2, group_window=4)
+SURE = {"logprob": -0.1, "alternatives": (-3.9,)}  # token confidence 2.0
+UNSURE = {"logprob": -0.7, "alternatives": (-0.7,)}  # token confidence 0.7
+
+
+def sure(text: str, pace: float = 0.0) -> Script:
+    return script(text, **SURE, seconds_per_token=pace)  # type: ignore[arg-type]
+
+
+def unsure(text: str, pace: float = 0.0) -> Script:
+    return script(text, **UNSURE, seconds_per_token=pace)  # type: ignore[arg-type]
+
+
+SAYS_42 = sure("The answer is 42.")  # four tokens
+SAYS_41 = sure("The answer is 41.")
+DOUBTS_41 = unsure("The answer is 41.")
+# Four tokens of 0.1 s: a round takes 0.4 s on the virtual clock.
+PACED_42 = sure("The answer is 42.", pace=0.1)
+PACED_41 = sure("The answer is 41.", pace=0.1)
+
+
+def calibrator(weight: float, bias: float) -> Calibrator:
+    """P(correct) = sigmoid(weight * vote share + bias), with SIGNALS."""
+    return Calibrator(
+        features=["vote_share"],
+        signals=SIGNALS,
+        mean=[0.0],
+        scale=[1.0],
+        weights=[weight],
+        bias=bias,
+    )
+
+
+def p(share: float) -> float:
+    """What BY_SHARE says for a vote share."""
+    return 1 / (1 + math.exp(-(8 * share - 4)))
+
+
+BY_SHARE = calibrator(8.0, -4.0)
+DOUBTFUL = calibrator(0.0, 0.0)  # 0.5 whatever the branches say
+
+
+class Thought(msgspec.Struct, frozen=True):
+    notes: list[str]
+    result: LoopResult
+    seconds: float  # on the virtual clock, from the start to the result
+
+
+def think(
+    loop: ReasoningLoop,
+    *,
+    deadline_s: float | None = None,
+    fallback: FallbackSettings = DEFAULT_FALLBACK,
+    difficulty: float | None = None,
+) -> Thought:
+    async def main() -> Thought:
+        started = time.monotonic()
+        deadline = None if deadline_s is None else started + deadline_s
+        notes: list[str] = []
+        result = None
+        events = loop.run(QUESTION, deadline=deadline, fallback=fallback, difficulty=difficulty)
+        async for event in events:
+            if isinstance(event, Thinking):
+                notes.append(event.text)
+            else:
+                result = event
+        assert result is not None
+        return Thought(notes, result, time.monotonic() - started)
+
+    return VirtualClock().run(main())
+
+
+def settings(**overrides: object) -> LoopSettings:
+    return LoopSettings(**{"calibrator": None, **overrides})  # type: ignore[arg-type]
+
+
+def answers(thought: Thought) -> list[list[str | None]]:
+    return [[b.answer for b in r.branches] for r in thought.result.trace.rounds]
+
+
+# --- branches per round ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("difficulty", "k"), [(None, 3), (0.5, 3), (0.8, 5), (0.95, 5)])
+def test_each_round_starts_its_branches_at_once(difficulty: float | None, k: int) -> None:
+    engine = ScriptedEngine([PACED_42])
+    loop_settings = settings(
+        branches=3, hard_branches=5, hard_difficulty=0.8, max_rounds=2, round_tokens=16
+    )
+    thought = think(ReasoningLoop(engine, loop_settings, DOUBTFUL), difficulty=difficulty)
+    trace = thought.result.trace
+    assert [len(r.branches) for r in trace.rounds] == [k, k]
+    assert len(engine.calls) == 2 * k
+    # A round's branches run side by side: the second round starts 0.4 s later, when
+    # the first round's four tokens of 0.1 s are done.
+    begun = [round(c.started - engine.calls[0].started, 6) for c in engine.calls]
+    assert begun == [0.0] * k + [0.4] * k
+    for call in engine.calls:
+        assert call.prompt == QUESTION and call.params.n == 1
+        assert call.params.max_tokens == 16 and call.params.temperature == 0.7
+        assert call.params.logprobs and call.params.top_logprobs == SIGNALS.top_k
+    assert trace.tokens == 2 * k * 4 == sum(r.tokens for r in trace.rounds)
+    assert thought.result.completion_tokens == trace.tokens
+    assert thought.result.answer_tokens == 4
+    assert f"up to 2 rounds of {k} branches" in thought.notes[0]
+    assert len(thought.notes) == 1 + len(trace.rounds)
+
+
+# --- the vote --------------------------------------------------------------------------
+
+
+def test_a_confident_branch_outvotes_two_doubtful_ones() -> None:
+    engine = ScriptedEngine([SAYS_42, DOUBTS_41, DOUBTS_41])
+    loop_settings = settings(branches=3, max_rounds=1)
+    thought = think(ReasoningLoop(engine, loop_settings, DOUBTFUL))
+    trace = thought.result.trace
+    assert answers(thought) == [["42", "41", "41"]]
+    # Weighed by their confidence: 2.0 for 42 against 0.7 + 0.7 for 41.
+    confidences = [b.confidence for b in trace.rounds[0].branches]
+    assert confidences == pytest.approx([2.0, 0.7, 0.7])
+    assert trace.rounds[0].answer == "42"
+    assert thought.result.text == "The answer is 42."
+    assert trace.stop == "max_rounds" and trace.confidence == 0.5
+
+
+def test_without_a_calibrator_the_vote_share_is_the_probability() -> None:
+    engine = ScriptedEngine([SAYS_42, DOUBTS_41, DOUBTS_41])
+    loop = ReasoningLoop(engine, settings(branches=3, max_rounds=1), None)
+    trace = think(loop).result.trace
+    assert trace.rounds[0].answer == "42"
+    assert trace.rounds[0].probability == pytest.approx(1 / 3)
+
+
+def test_two_sure_branches_outvote_one() -> None:
+    engine = ScriptedEngine([SAYS_42, SAYS_41, SAYS_41])
+    thought = think(ReasoningLoop(engine, settings(branches=3, max_rounds=1), DOUBTFUL))
+    assert thought.result.trace.rounds[0].answer == "41"
+    assert thought.result.text == "The answer is 41."
+
+
+def test_the_vote_counts_every_round_so_far() -> None:
+    # Round 1: 42 and 41; round 2: 42 and 42, so 42 leads 3 to 1 over both rounds.
+    engine = ScriptedEngine([SAYS_42, SAYS_41, SAYS_42, SAYS_42])
+    thought = think(ReasoningLoop(engine, settings(branches=2, max_rounds=2), BY_SHARE))
+    rounds = thought.result.trace.rounds
+    assert [r.probability for r in rounds] == pytest.approx([p(1 / 2), p(3 / 4)])
+    assert thought.result.trace.confidence == pytest.approx(p(3 / 4))
+
+
+# --- DeepConf's filter -----------------------------------------------------------------
+
+# Three sure tokens, then doubtful ones: the mean over the last 4 tokens falls from 2.0
+# to 1.675, 1.35, 1.025 and, at the 7th token, 0.7.
+WANDERS = sure("Let me think") + unsure(" about it for a long while and then say 41 or so")
+
+
+def test_a_branch_that_loses_confidence_is_pruned_mid_generation() -> None:
+    engine = ScriptedEngine([SAYS_42, WANDERS])
+    loop_settings = settings(branches=2, max_rounds=1, prune_below=1.0, round_tokens=64)
+    thought = think(ReasoningLoop(engine, loop_settings, DOUBTFUL))
+    first, wandering = thought.result.trace.rounds[0].branches
+    assert (first.finish_reason, first.tokens, first.answer) == ("stop", 4, "42")
+    # Stopped at the 7th of its 15 tokens, without a vote.
+    assert (wandering.finish_reason, wandering.tokens, wandering.answer) == ("pruned", 7, None)
+    assert wandering.confidence == pytest.approx(0.7)
+    assert len(WANDERS.tokens) == 15
+    # The engine stopped generating it within a token of the cut.
+    generated = [s for s in engine.samples if s.finish_reason == "cancelled"]
+    assert len(generated) == 1 and generated[0].completion_tokens in (7, 8)
+    # The pruned branch's tokens are spent all the same.
+    assert thought.result.trace.tokens == 4 + 7
+    assert thought.result.text == "The answer is 42."
+
+
+def test_no_branch_is_pruned_above_the_cut_off() -> None:
+    engine = ScriptedEngine([SAYS_42, WANDERS])
+    loop_settings = settings(branches=2, max_rounds=1, prune_below=0.5, round_tokens=64)
+    branches = think(ReasoningLoop(engine, loop_settings, DOUBTFUL)).result.trace.rounds[0]
+    assert [b.finish_reason for b in branches.branches] == ["stop", "stop"]
+    assert [b.tokens for b in branches.branches] == [4, 15]
+
+
+# --- stop rules ------------------------------------------------------------------------
+
+
+def test_stops_when_confident() -> None:
+    engine = ScriptedEngine([SAYS_42])
+    loop_settings = settings(branches=2, max_rounds=4, threshold=0.95)
+    thought = think(ReasoningLoop(engine, loop_settings, BY_SHARE))
+    trace = thought.result.trace
+    assert trace.stop == "confident" and trace.fallback == "none"
+    assert len(trace.rounds) == 1 and len(engine.calls) == 2
+    assert trace.confidence == pytest.approx(p(1.0)) and p(1.0) >= 0.95
+    assert thought.result.text == "The answer is 42."
+
+
+def test_just_below_the_threshold_goes_on() -> None:
+    engine = ScriptedEngine([SAYS_42])
+    loop_settings = settings(branches=2, max_rounds=2, threshold=p(1.0) + 1e-6)
+    trace = think(ReasoningLoop(engine, loop_settings, BY_SHARE)).result.trace
+    assert trace.stop == "max_rounds" and len(trace.rounds) == 2
+
+
+def test_stops_after_max_rounds() -> None:
+    engine = ScriptedEngine([SAYS_42, SAYS_41])
+    loop_settings = settings(branches=2, max_rounds=3)
+    thought = think(ReasoningLoop(engine, loop_settings, DOUBTFUL))
+    trace = thought.result.trace
+    assert trace.stop == "max_rounds" and trace.fallback == "none"
+    assert len(trace.rounds) == 3 and len(engine.calls) == 6
+    assert trace.confidence == 0.5  # its own answer, at its limits
+
+
+def test_a_round_the_token_budget_cannot_afford_is_not_started() -> None:
+    # 8 tokens a round: after two rounds, 16 + 8 more would pass 20.
+    engine = ScriptedEngine([SAYS_42, SAYS_41])
+    loop_settings = settings(branches=2, max_rounds=10, token_budget=20)
+    trace = think(ReasoningLoop(engine, loop_settings, DOUBTFUL)).result.trace
+    assert trace.stop == "token_budget"
+    assert len(trace.rounds) == 2 and trace.tokens == 16 and len(engine.calls) == 4
+
+
+# Over rounds of two branches: 42 41 | 42 42 | 42 41 | ...: P(correct) of 42 goes
+# p(1/2) = 0.5, p(3/4) = 0.88, p(4/6) = 0.79: the third round gained nothing.
+SWINGS = [SAYS_42, SAYS_41, SAYS_42, SAYS_42, SAYS_42, SAYS_41]
+
+
+def test_stops_when_a_round_gains_less_than_min_gain() -> None:
+    engine = ScriptedEngine(SWINGS)
+    loop_settings = settings(branches=2, max_rounds=5, threshold=0.99, min_gain=0.05)
+    trace = think(ReasoningLoop(engine, loop_settings, BY_SHARE)).result.trace
+    assert [r.probability for r in trace.rounds] == pytest.approx([p(1 / 2), p(3 / 4), p(4 / 6)])
+    assert trace.stop == "no_gain" and len(trace.rounds) == 3
+    assert trace.confidence == pytest.approx(p(4 / 6))  # the verdict of the last round
+
+
+def test_without_min_gain_the_same_rounds_go_on() -> None:
+    engine = ScriptedEngine(SWINGS)
+    loop_settings = settings(branches=2, max_rounds=5, threshold=0.99)
+    trace = think(ReasoningLoop(engine, loop_settings, BY_SHARE)).result.trace
+    assert trace.stop == "max_rounds" and len(trace.rounds) == 5
+
+
+# --- the deadline ----------------------------------------------------------------------
+
+UNDECIDED = settings(branches=2, max_rounds=10, token_budget=10_000, threshold=0.99)
+
+
+def test_a_round_that_cannot_finish_is_not_started() -> None:
+    engine = ScriptedEngine([PACED_42, PACED_41])
+    thought = think(ReasoningLoop(engine, UNDECIDED, BY_SHARE), deadline_s=0.7)
+    trace = thought.result.trace
+    # After one round at 0.4 s, 0.3 s are left and a round takes 0.4 s.
+    assert trace.stop == "deadline" and len(trace.rounds) == 1
+    assert len(engine.calls) == 2
+    assert [b.finish_reason for b in trace.rounds[0].branches] == ["stop", "stop"]
+    assert thought.seconds == pytest.approx(0.4)  # answered before the deadline
+    assert trace.deadline_ms == pytest.approx(700) and trace.elapsed_ms == pytest.approx(400)
+
+
+def test_a_round_that_can_finish_is_started() -> None:
+    engine = ScriptedEngine([PACED_42, PACED_41])
+    thought = think(ReasoningLoop(engine, UNDECIDED, BY_SHARE), deadline_s=0.85)
+    trace = thought.result.trace
+    assert trace.stop == "deadline" and len(trace.rounds) == 2
+    assert all(b.finish_reason == "stop" for r in trace.rounds for b in r.branches)
+    assert thought.seconds == pytest.approx(0.8)
+
+
+def test_a_deadline_already_past_does_no_work() -> None:
+    engine = ScriptedEngine([PACED_42])
+    thought = think(ReasoningLoop(engine, UNDECIDED, BY_SHARE), deadline_s=-1.0)
+    trace = thought.result.trace
+    assert trace.stop == "deadline" and trace.rounds == [] and engine.calls == []
+    assert trace.fallback == "error" and thought.result.text == ""
+
+
+def test_a_round_cut_by_the_deadline_stops_at_it() -> None:
+    engine = ScriptedEngine([PACED_42, PACED_41])
+    thought = think(ReasoningLoop(engine, UNDECIDED, BY_SHARE), deadline_s=0.25)
+    trace = thought.result.trace
+    branches = trace.rounds[0].branches
+    assert [(b.finish_reason, b.tokens, b.answer) for b in branches] == [("deadline", 2, None)] * 2
+    assert thought.seconds == pytest.approx(0.25)
+    # Nothing answered: the best answer so far is none, so the fallback is an error.
+    assert trace.stop == "deadline" and trace.fallback == "error"
+    assert thought.result.text == "" and trace.confidence == 0.0
+    assert all(s.completion_tokens <= 3 for s in engine.samples)
+
+
+# --- fallbacks at the deadline ---------------------------------------------------------
+
+
+def test_fallback_best_answers_with_the_best_so_far() -> None:
+    engine = ScriptedEngine([PACED_42, PACED_42])
+    fallback = FallbackSettings(policy="best")
+    thought = think(ReasoningLoop(engine, UNDECIDED, BY_SHARE), deadline_s=0.7, fallback=fallback)
+    result = thought.result
+    assert result.trace.fallback == "best" and result.engine == "scripted"
+    assert result.text == "The answer is 42."
+    assert result.trace.confidence == pytest.approx(p(1.0))
+
+
+def small_engine(text: str = "42", pace: float = 0.01) -> ScriptedEngine:
+    return ScriptedEngine([sure(text, pace=pace)], name="small", model="small-model")
+
+
+@pytest.mark.parametrize("hedge", [False, True])
+def test_fallback_small_answers_with_the_small_engine(hedge: bool) -> None:
+    engine, small = ScriptedEngine([PACED_42, PACED_41]), small_engine()
+    loop = ReasoningLoop(engine, UNDECIDED, BY_SHARE, small=small)
+    fallback = FallbackSettings(policy="small", hedge=hedge)
+    thought = think(loop, deadline_s=0.7, fallback=fallback)
+    result = thought.result
+    assert result.trace.fallback == "small" and result.engine == "small"
+    assert result.text == "42" and result.trace.confidence == 0.0
+    assert len(small.calls) == 1
+    started = small.calls[0].started - engine.calls[0].started
+    # Hedged, it started with the loop; otherwise once the loop gave up, after round 1.
+    assert started == pytest.approx(0.0 if hedge else 0.4)
+    assert thought.seconds == pytest.approx(0.4 if hedge else 0.41)
+
+
+def test_fallback_small_too_slow_for_the_deadline_gives_the_best_so_far() -> None:
+    engine = ScriptedEngine([PACED_42, PACED_41])
+    small = small_engine("It is forty two", pace=1.0)
+    loop = ReasoningLoop(engine, UNDECIDED, BY_SHARE, small=small)
+    thought = think(loop, deadline_s=0.7, fallback=FallbackSettings(policy="small"))
+    result = thought.result
+    assert result.trace.fallback == "best" and result.engine == "scripted"
+    assert result.text == "The answer is 42."
+    assert small.samples[0].finish_reason == "deadline"
+    assert thought.seconds == pytest.approx(1.4)  # its one token began before 0.7 s
+
+
+def test_fallback_error_gives_no_answer() -> None:
+    engine = ScriptedEngine([PACED_42, PACED_42])
+    fallback = FallbackSettings(policy="error")
+    thought = think(ReasoningLoop(engine, UNDECIDED, BY_SHARE), deadline_s=0.7, fallback=fallback)
+    result = thought.result
+    assert result.trace.fallback == "error" and result.text == ""
+    assert result.trace.confidence == 0.0
+    assert len(result.trace.rounds) == 1  # it had an answer, and the policy refused it
+
+
+def test_a_hedge_is_stopped_when_the_loop_answers_in_time() -> None:
+    engine, small = ScriptedEngine([SAYS_42]), small_engine(pace=1.0)
+    loop = ReasoningLoop(engine, settings(branches=2, threshold=0.95), BY_SHARE, small=small)
+    thought = think(loop, deadline_s=5.0, fallback=FallbackSettings(policy="small", hedge=True))
+    assert thought.result.trace.stop == "confident" and thought.result.engine == "scripted"
+    assert [s.finish_reason for s in small.samples] == ["cancelled"]
+
+
+# --- cancellation and overload ---------------------------------------------------------
+
+
+def test_closing_the_loop_stops_every_branch() -> None:
+    long_story = sure(" ".join(["word"] * 50), pace=0.1)
+    engine = ScriptedEngine([long_story])
+    loop = ReasoningLoop(engine, settings(branches=3, round_tokens=64), DOUBTFUL)
+
+    async def main() -> None:
+        events = loop.run(QUESTION, deadline=None)
+        assert isinstance(await anext(events), Thinking)
+        task = asyncio.ensure_future(anext(events))
+        await asyncio.sleep(1.05)  # ten tokens of each branch
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await events.aclose()
+        assert engine.busy_slots == 0
+        await asyncio.sleep(10)
+
+    VirtualClock().run(main())
+    assert engine.tokens_generated == 30
+    assert [s.finish_reason for s in engine.samples] == ["cancelled"] * 3
+
+
+def test_an_engine_that_is_full_refuses_the_first_round() -> None:
+    engine = ScriptedEngine([SAYS_42], concurrency=1, queue_size=0)
+    with pytest.raises(EngineOverloaded):
+        think(ReasoningLoop(engine, settings(branches=2), DOUBTFUL))
+
+
+def test_an_engine_full_after_a_round_ends_the_loop_with_its_answer() -> None:
+    def choose(call: ScriptCall) -> Script:
+        return sure("busy " * 20, pace=1.0) if call.prompt == "another client" else SAYS_42
+
+    engine = ScriptedEngine(choose, concurrency=2, queue_size=0)
+    loop = ReasoningLoop(engine, settings(branches=2, max_rounds=3), DOUBTFUL)
+
+    async def main() -> LoopResult:
+        result = None
+        other = engine.stream("another client", SamplingParams(n=2))
+        async for event in loop.run(QUESTION, deadline=None):
+            if isinstance(event, Thinking) and event.text.startswith("Round 1"):
+                # Another client takes both slots before round 2, and nothing may wait.
+                await anext(other)
+                assert engine.busy_slots == 2
+            elif isinstance(event, LoopResult):
+                result = event
+        await other.aclose()
+        assert result is not None
+        return result
+
+    result = VirtualClock().run(main())
+    assert result.trace.stop == "overloaded" and len(result.trace.rounds) == 1
+    assert result.text == "The answer is 42." and result.trace.confidence == 0.5
