@@ -92,17 +92,11 @@ class Pipeline:
         decision.deadline = policy.deadline(engine.name)
 
         # An identical request in flight answers this one too.
-        flight = None
-        if plan is not None and plan.lookup and policy.cache is not None and policy.cache.coalesce:
-            key = (plan.namespace.key, entry_id(plan.namespace, plan.prompt), request.params)
-            flight, leads = self._flights.join(key)
-            if not leads:
-                shared = await self._follow(flight, engine, decision.deadline)
-                if shared is not None:
-                    decision.cache = decision.route = "coalesced"
-                    decision.engine = shared.engine
-                    return Outcome(decision, _told(shared.answer))
-                flight = None  # the leader got no answer: this request makes its own
+        flight, shared = await self._coalesce(plan, policy, request, engine, decision.deadline)
+        if shared is not None:
+            decision.cache = decision.route = "coalesced"
+            decision.engine = shared.engine
+            return Outcome(decision, _told(shared.answer))
 
         # 5-6: the answer, and what becomes of it.
         keeper = Keeper(
@@ -168,6 +162,25 @@ class Pipeline:
         return Answer(
             text=entry.response, finish_reason="stop", completion_tokens=entry.completion_tokens
         )
+
+    async def _coalesce(
+        self,
+        plan: CachePlan | None,
+        policy: Policy,
+        request: ChatRequest,
+        engine: Engine,
+        deadline: float | None,
+    ) -> tuple[Flight[SharedAnswer] | None, SharedAnswer | None]:
+        """The flight this request leads, or else the answer of the identical request
+        that leads it (None, None: no coalescing, or the leader got no answer and this
+        request makes its own)."""
+        if plan is None or not plan.lookup or policy.cache is None or not policy.cache.coalesce:
+            return None, None
+        key = (plan.namespace.key, entry_id(plan.namespace, plan.prompt), request.params)
+        flight, leads = self._flights.join(key)
+        if leads:
+            return flight, None
+        return None, await self._follow(flight, engine, deadline)
 
     async def _follow(
         self, flight: Flight[SharedAnswer], engine: Engine, deadline: float | None
