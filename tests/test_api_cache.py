@@ -197,6 +197,9 @@ def test_warmup_invalidate_through_admin_endpoints(cached_url: str) -> None:
     assert headers["x-satisfice-cache"] == "miss"
 
 
+# Slow: a Redis and a gateway of its own; the default run keeps Redis killed,
+# restarted and paused under the store itself (test_redis_store).
+@pytest.mark.slow
 def test_gateway_answers_through_a_redis_outage(tmp_path: Path) -> None:
     redis_port = free_port()
     redis = spare_redis(redis_port, tmp_path)
@@ -239,6 +242,9 @@ def eventually(check: Callable[[], bool], within_s: float = 1.0) -> bool:
     return True
 
 
+# Slow: three gateway starts; the default run keeps Redis behind one gateway
+# (cached_url) and replicas following the change stream (test_redis_store).
+@pytest.mark.slow
 def test_replicas_share_one_redis(tmp_path: Path) -> None:
     """Two gateways on one Redis: what one learns the other serves, semantically
     too (its index follows the change stream), and a restarted one rebuilds."""

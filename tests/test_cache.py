@@ -158,6 +158,9 @@ async def test_vectors_of_another_model_are_refused(embedder: Embedder) -> None:
             await cache.semantic(ns, "hi", foreign)
 
 
+# Slow: a CLI process that loads the embedder; the same lookups and guards run
+# in-process in the tests above.
+@pytest.mark.slow
 def test_cache_eval_command(tmp_path: Path) -> None:
     pairs = tmp_path / "pairs.jsonl"
     rows = [

@@ -41,6 +41,9 @@ cache:
         subprocess.run(["redis-cli", "unlink", *keys], capture_output=True, check=False)
 
 
+# Slow: six CLI processes that each load the embedder; the default run keeps
+# the CLI's dry run and the admin endpoints' warm-up and invalidation.
+@pytest.mark.slow
 def test_warmup_is_idempotent_reports_bad_lines_and_can_be_invalidated(
     redis_config: Path, tmp_path: Path
 ) -> None:

@@ -185,6 +185,9 @@ async def test_cancellation_stops_within_one_token(small_engine: LlamaCppEngine)
     assert small_engine.tokens_generated - before <= 1
 
 
+# Slow: loads a model of its own; overload stays covered by test_api's 429, test_shedding
+# and the admission of every FanOutEngine (test_engine_scripted).
+@pytest.mark.slow
 async def test_full_queue_raises_overload(models_dir: object) -> None:
     settings = LlamaCppSettings(model=SMOLLM2, concurrency=1, queue_size=1, retry_after_s=2)
     engine = LlamaCppEngine("tiny-queue", settings, models_dir)  # type: ignore[arg-type]

@@ -105,6 +105,9 @@ async def test_unreachable_server_is_a_clean_error() -> None:
         await engine.close()
 
 
+# Slow: a server of its own; a server killed mid-stream is also in the default
+# run, behind a gateway (test_faults).
+@pytest.mark.slow
 async def test_server_dying_mid_stream_is_a_clean_error(models_dir: Path) -> None:
     process, url = start_llama_server(models_dir)
     engine = engine_for(url, read_timeout_s=30)

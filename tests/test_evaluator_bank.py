@@ -6,10 +6,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from evaluator.runs import read_runs
 from tests.support import satisfice
 
 
+# Slow: `satisfice evaluator bank` loads a model in a process of its own to build
+# `make default-calibrator`'s trace bank; the loop's signals are covered on live
+# branches in test_loop and test_loop_scripted.
+@pytest.mark.slow
 def test_bank_samples_each_question_k_times_with_logprobs(tmp_path: Path) -> None:
     dataset = tmp_path / "questions.jsonl"
     questions = [

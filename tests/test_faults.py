@@ -208,6 +208,9 @@ def exact(url: str, question: str, within_s: float = 5.0) -> str:
     return served[0]
 
 
+# Slow: a Redis and a gateway of its own; the default run keeps Redis killed,
+# restarted and paused under the store itself (test_redis_store).
+@pytest.mark.slow
 def test_redis_stopped_and_restarted(tmp_path: Path) -> None:
     redis_port = free_port()
     server = spare_redis(redis_port, tmp_path)

@@ -49,6 +49,10 @@ def predefined_macros(compiler: str, flags: list[str]) -> set[str]:
     return {line.split()[1] for line in done.stdout.splitlines() if line.startswith("#define")}
 
 
+# Slow: both models generate in child processes; every gateway the default run
+# starts runs the same check first, and a model that cannot generate is tested
+# below (test_serve_exits_non_zero_when_an_engine_cannot_generate).
+@pytest.mark.slow
 def test_engines_check_generates_with_every_bundled_model() -> None:
     done = satisfice("engines", "check", timeout_s=300)
     assert done.returncode == 0, done.stderr

@@ -175,6 +175,8 @@ def test_a_request_in_flight_keeps_its_config(gateway: Gateway) -> None:
     gateway.wait_for("success", done + 2)
 
 
+# Slow: a gateway of its own; the default run keeps reloads by SIGHUP.
+@pytest.mark.slow
 def test_a_changed_file_is_reloaded_without_a_signal(tmp_path: Path) -> None:
     with (tmp_path / "stderr.log").open("wb") as log:
         url, process = start_gateway(config(watch="0.2"), tmp_path, stderr=log)

@@ -29,6 +29,9 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+# Slow: three CLI processes that load the embedder; the default run keeps the
+# CLI's cross-validated eval and bad-line report, and fitting in test_router.
+@pytest.mark.slow
 def test_fit_then_calibrate(outcomes: Path, tmp_path: Path) -> None:
     router = tmp_path / "my.router"
     fitted = satisfice("router", "fit", "--outcomes", str(outcomes), "--out", str(router))

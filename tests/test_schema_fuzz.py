@@ -24,6 +24,10 @@ from schemathesis.schemas import BaseSchema
 from gateway.api.wire import ChatCompletionChunk, ErrorResponse
 from tests.support import BUNDLED_ENGINES, start_gateway, stop
 
+# Slow: a gateway of its own and hundreds of requests; the default run keeps the
+# schema (test_api_schema) and the error shapes (test_api_errors).
+pytestmark = pytest.mark.slow
+
 ADMIN_KEY = "fuzz-admin-key"
 
 FUZZ_CONFIG = f"""
