@@ -19,6 +19,7 @@ from cache.entry import CacheEntry
 from cache.redis_store import RedisStore
 from cache.settings import RedisStoreSettings
 from cache.store import Change, Deleted, Invalidated, Put, Resync, StoreUnavailable
+from tests.support import free_port
 
 URL = "redis://127.0.0.1:6379/0"
 
@@ -39,12 +40,6 @@ def entry(
         completion_tokens=12,
         vector=vector or bytes(range(256)) + b"\x00\xff",
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def eventually(check: Callable[[], bool], timeout_s: float, what: str) -> None:
