@@ -193,13 +193,13 @@ def ours(pairs: list[Pair], embedder: MemoEmbedder, settings: CacheSettings) -> 
 def gptcache_run(
     pairs: list[Pair], embedder: MemoEmbedder, check_at: Sequence[float], check_limit: int
 ) -> dict[str, Any]:
-    import gptcache.utils  # type: ignore[import-untyped]
+    import gptcache.utils
     from gptcache import Cache, Config
-    from gptcache.adapter.api import get, put  # type: ignore[import-untyped]
-    from gptcache.manager import VectorBase, get_data_manager  # type: ignore[import-untyped]
-    from gptcache.manager.scalar_data.base import CacheData, CacheStorage  # type: ignore[import-untyped]
-    from gptcache.processor.pre import get_prompt  # type: ignore[import-untyped]
-    from gptcache.similarity_evaluation.distance import SearchDistanceEvaluation  # type: ignore[import-untyped]
+    from gptcache.adapter.api import get, put
+    from gptcache.manager import VectorBase, get_data_manager
+    from gptcache.manager.scalar_data.base import CacheData, CacheStorage
+    from gptcache.processor.pre import get_prompt
+    from gptcache.similarity_evaluation.distance import SearchDistanceEvaluation
 
     def refuse(package: str, warn: bool = False) -> None:
         raise RuntimeError(f"GPTCache tried to pip install {package!r}; refused")

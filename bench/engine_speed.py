@@ -90,7 +90,7 @@ def _without_extra_buffer_types() -> None:
     default_params = llama_cpp.llama_cpp.llama_model_default_params
 
     def params() -> llama_cpp.llama_model_params:
-        chosen = default_params()
+        chosen: llama_cpp.llama_model_params = default_params()
         chosen.use_extra_bufts = False
         return chosen
 

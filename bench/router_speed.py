@@ -119,7 +119,7 @@ def main() -> None:
     decisions: dict[str, dict[str, float]] = {}
     for kind in ("knn", "logistic"):
         started = time.perf_counter()
-        model = fit(kind, outcomes, vectors, embedding=embedder.fingerprint)  # type: ignore[arg-type]
+        model = fit(kind, outcomes, vectors, embedding=embedder.fingerprint)
         scorer = scorer_for(model)
         built = time.perf_counter() - started
         decisions[kind] = {"build_s": round(built, 1)} | _decision_times(

@@ -8,9 +8,12 @@ import time
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
-HELLO = [{"role": "user", "content": "What is 2+2?"}]
-STORY = [{"role": "user", "content": "Write a long story about a dragon and a knight."}]
+HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is 2+2?"}]
+STORY: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Write a long story about a dragon and a knight."}
+]
 
 
 @pytest.fixture(scope="module")
@@ -39,14 +42,16 @@ def test_chat_completion_with_every_parameter(client: openai.OpenAI) -> None:
     assert completion.object == "chat.completion"
     assert completion.model == "small"
     assert [c.index for c in completion.choices] == [0, 1]
+    tokens_with_logprobs = 0
     for choice in completion.choices:
         assert choice.message.role == "assistant"
         assert choice.finish_reason in ("stop", "length")
         assert choice.logprobs is not None and choice.logprobs.content
         assert all(len(t.top_logprobs) == 2 for t in choice.logprobs.content)
+        tokens_with_logprobs += len(choice.logprobs.content)
     usage = completion.usage
     assert usage is not None and usage.prompt_tokens > 0
-    assert usage.completion_tokens == sum(len(c.logprobs.content) for c in completion.choices)  # type: ignore[union-attr]
+    assert usage.completion_tokens == tokens_with_logprobs
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
 
 

@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 import httpx
 import openai
@@ -60,16 +61,24 @@ def client(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
 
 
+class Options(TypedDict, total=False):
+    """The arguments of `create` that these tests set, typed as the openai client takes them."""
+
+    max_tokens: int
+    temperature: float
+    stop: list[str] | openai.Omit
+    extra_headers: dict[str, str]
+
+
 # Only whole answers are cached; the first sentence makes a whole answer quickly.
-FIRST_SENTENCE = {"max_tokens": 48, "temperature": 0, "stop": [".", "\n"]}
+FIRST_SENTENCE: Options = {"max_tokens": 48, "temperature": 0, "stop": [".", "\n"]}
 
 
-def ask(url: str, prompt: str, **extra: object) -> tuple[str, dict[str, str]]:
+def ask(url: str, prompt: str, **extra: Unpack[Options]) -> tuple[str, dict[str, str]]:
     """The answer and the response headers; waits for the write-back of a miss."""
+    options: Options = {**FIRST_SENTENCE, **extra}
     raw = client(url).chat.completions.with_raw_response.create(
-        model="small",
-        messages=[{"role": "user", "content": prompt}],
-        **{**FIRST_SENTENCE, **extra},  # type: ignore[arg-type]
+        model="small", messages=[{"role": "user", "content": prompt}], **options
     )
     if raw.headers["x-satisfice-cache"] == "miss":
         time.sleep(0.2)  # the answer is stored after the response has gone
@@ -186,14 +195,14 @@ def test_warmup_invalidate_through_admin_endpoints(cached_url: str) -> None:
         assert again["added"] == 0 and again["replaced"] == 1  # idempotent
 
         # Warmed answers serve requests without sampling settings of their own.
-        answer, headers = ask(cached_url, tenant_prompt, stop=openai.NOT_GIVEN)
+        answer, headers = ask(cached_url, tenant_prompt, stop=openai.omit)
         assert answer == "Au" and headers["x-satisfice-cache"] == "exact"
 
         bad = http.post("/admin/cache/invalidate", json={"namespace": "x", "all": True})
         assert bad.status_code == 400 and "exactly one" in bad.json()["error"]["message"]
         deleted = http.post("/admin/cache/invalidate", json={"namespace": "default:small"})
         assert deleted.status_code == 200 and deleted.json()["deleted"] >= 1
-    _, headers = ask(cached_url, tenant_prompt, stop=openai.NOT_GIVEN)
+    _, headers = ask(cached_url, tenant_prompt, stop=openai.omit)
     assert headers["x-satisfice-cache"] == "miss"
 
 
@@ -259,9 +268,7 @@ def test_replicas_share_one_redis(tmp_path: Path) -> None:
             assert http.post("/admin/cache/warmup", content=faq.encode()).json()["added"] == 1
 
         def served_by_b(prompt: str, source: str) -> Callable[[], bool]:
-            return lambda: (
-                ask(url_b, prompt, stop=openai.NOT_GIVEN)[1]["x-satisfice-cache"] == source
-            )
+            return lambda: ask(url_b, prompt, stop=openai.omit)[1]["x-satisfice-cache"] == source
 
         assert eventually(served_by_b("what is the chemical symbol for gold", "exact"))
         assert eventually(served_by_b("Tell me the chemical symbol for gold.", "semantic"))
@@ -271,7 +278,7 @@ def test_replicas_share_one_redis(tmp_path: Path) -> None:
         no_store = {"x-satisfice-cache": "no-store"}  # keep the engine's answer out
 
         def missed_by_a() -> bool:
-            asked = ask(url_a, "Tell me the chemical symbol for gold.", stop=openai.NOT_GIVEN,
+            asked = ask(url_a, "Tell me the chemical symbol for gold.", stop=openai.omit,
                         extra_headers=no_store)  # fmt: skip
             return asked[1]["x-satisfice-cache"] == "miss"
 
@@ -281,7 +288,7 @@ def test_replicas_share_one_redis(tmp_path: Path) -> None:
             http.post("/admin/cache/warmup", content=faq.encode())
         stop(gateway_a)
         url_a, gateway_a = start_gateway(config, tmp_path)  # rebuilt from Redis at start
-        answer, headers = ask(url_a, "Tell me the chemical symbol for gold.", stop=openai.NOT_GIVEN)
+        answer, headers = ask(url_a, "Tell me the chemical symbol for gold.", stop=openai.omit)
         assert answer == "Au" and headers["x-satisfice-cache"] == "semantic"
     finally:
         stop(gateway_a)

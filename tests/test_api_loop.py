@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionChunk
 
 from evaluator.calibration import Calibrator, write_calibrator
 from evaluator.signals import SignalSettings
@@ -97,7 +98,9 @@ def test_stream_shows_reasoning_first_then_the_answer(client: openai.OpenAI) -> 
         stream_options={"include_usage": True},
     )
     first_at = None
-    reasoning, content, last = [], [], None
+    reasoning: list[str] = []
+    content: list[str] = []
+    last: ChatCompletionChunk | None = None
     for chunk in stream:
         if first_at is None:
             first_at = time.perf_counter() - started

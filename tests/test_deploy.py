@@ -18,10 +18,10 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate  # type: ignore[import-untyped]
+import kubernetes_validate
 import pytest
 import yaml
-from dockerfile_parse import DockerfileParser  # type: ignore[import-untyped]
+from dockerfile_parse import DockerfileParser
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 

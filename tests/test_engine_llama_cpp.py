@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import math
 import time
+from collections.abc import Iterator
 
 import llama_cpp
 import pytest
@@ -114,8 +115,11 @@ async def test_logprobs_match_llama_cpp_full_logits(
         full = reference.create_completion(prompt, max_tokens=8, temperature=0, logprobs=1)
     finally:
         reference.close()
-    expected = full["choices"][0]["logprobs"]["token_logprobs"]
-    assert full["choices"][0]["text"] == sample.text
+    assert not isinstance(full, Iterator)  # not streamed: one whole response
+    choice = full["choices"][0]
+    assert choice["logprobs"] is not None
+    expected = choice["logprobs"]["token_logprobs"]
+    assert choice["text"] == sample.text
     assert [t.logprob for t in sample.logprobs] == pytest.approx(expected, abs=1e-3)
 
 

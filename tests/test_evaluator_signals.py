@@ -7,7 +7,7 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy.special import betainc  # type: ignore[import-untyped]
+from scipy.special import betainc
 
 from engines.base import Sample, Timings, TokenLogprob, TopLogprob
 from evaluator.answers import extract

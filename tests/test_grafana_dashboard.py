@@ -10,11 +10,10 @@ started, and a memory-store cache), with one streamed loop answer recorded throu
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +24,10 @@ from cache import create_store
 from cache.semantic_cache import SemanticCache
 from cache.settings import CacheSettings
 from engines import create_engine
-from evaluator.loop import BranchTrace, LoopResult, LoopTrace, RoundTrace
+from evaluator.loop import BranchTrace, LoopTrace, RoundTrace
 from gateway.config import load_config
 from gateway.ops.metrics import Metrics
+from gateway.pipeline.outcome import Decision
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "satisfice.json"
 DATASOURCE_VARIABLE = "DS_PROMETHEUS"
@@ -104,11 +104,8 @@ def problems(expr: str, exposed: Exposed) -> list[str]:
     return found
 
 
-async def _one_chunk() -> AsyncIterator[str]:
-    yield "data: {}\n\n"
-
-
-def _loop_answer() -> LoopResult:
+def _late_loop_decision() -> Decision:
+    """A loop answer that missed its deadline, with one round of one branch."""
     branch = BranchTrace(answer="4", tokens=3, finish_reason="stop", confidence=0.9)
     round_ = RoundTrace(
         round=1, branches=[branch], answer="4", probability=0.9, tokens=3, seconds=0.1
@@ -117,18 +114,17 @@ def _loop_answer() -> LoopResult:
         kind="number", rounds=[round_], stop="deadline", fallback="best", confidence=0.9,
         tokens=3, probe_tokens=0, deadline_ms=1.0, elapsed_ms=2.0,
     )  # fmt: skip
-    return LoopResult(
-        text="4", trace=trace, prompt_tokens=5, answer_tokens=1,
-        engine="large",
+    return Decision(
+        tenant="default", model="auto", route="loop", engine="large", confidence=0.9,
+        loop=trace, deadline=time.monotonic() - 1,  # late: an SLA miss
     )  # fmt: skip
 
 
-async def _record_one_request(metrics: Metrics) -> None:
+def _record_one_request(metrics: Metrics) -> None:
+    """One streamed loop answer, recorded as gateway/api/routes.py records a request."""
     exchange = metrics.exchange()
-    exchange.routed("loop", deadline=time.monotonic() - 1)  # late: an SLA miss
-    exchange.thought(_loop_answer())
-    async for _ in exchange.streamed(_one_chunk()):
-        pass
+    exchange.first_byte("loop")
+    exchange.ended(_late_loop_decision(), 200)
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +139,7 @@ def exposed() -> Exposed:
     cache = SemanticCache(cache_settings, create_store(cache_settings))
     cache.counters.guard_rejections["numbers"] = 1  # a guard's series appears once it vetoed
     metrics = Metrics(engines, cache)
-    asyncio.run(_record_one_request(metrics))
+    _record_one_request(metrics)
     labels: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(metrics.exposition().decode()):
         for sample in family.samples:

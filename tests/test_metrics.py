@@ -16,12 +16,15 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support import BUNDLED_ENGINES, start_gateway, stop
 
-HELLO = [{"role": "user", "content": "What is 2+2?"}]
-STORY = [{"role": "user", "content": "Write a long story about a dragon and a knight."}]
+HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is 2+2?"}]
+STORY: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Write a long story about a dragon and a knight."}
+]
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

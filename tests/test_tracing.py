@@ -59,7 +59,9 @@ class Exported:
 
 
 def _value(value: AnyValue) -> Any:
-    return getattr(value, value.WhichOneof("value"))
+    kind = value.WhichOneof("value")
+    assert kind is not None, "an attribute exported with no value"
+    return getattr(value, kind)
 
 
 class Receiver:
