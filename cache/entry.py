@@ -89,7 +89,7 @@ GREEDY = "greedy"
 
 
 def sampling_key(
-    temperature: float | None,
+    temperature: float,
     *,
     top_p: float = 1.0,
     seed: int | None = None,
@@ -97,8 +97,8 @@ def sampling_key(
     frequency_penalty: float = 0.0,
     presence_penalty: float = 0.0,
 ) -> str:
-    """The sampling settings an answer depends on. An unset temperature counts as
-    greedy: a client that asks for no particular variety gets the shared answer."""
+    """The sampling settings an answer depends on, as the engine samples it: at
+    temperature 0 it is greedy, and top_p and the seed change nothing."""
     key = GREEDY if not temperature else f"t={temperature},p={top_p},seed={seed}"
     if stop or frequency_penalty or presence_penalty:
         key += f",stop={list(stop)},fp={frequency_penalty},pp={presence_penalty}"

@@ -99,7 +99,7 @@ def namespace_of(line: Query, tenant: str, embedding_model: str) -> Namespace:
         model=line.model,
         context=context_fingerprint(turns),
         embedding=embedding_model,
-        sampling=sampling_key(None),
+        sampling=sampling_key(0.0),
     )
 
 

@@ -20,8 +20,10 @@ from tests.support import BUNDLED_ENGINES, start_gateway, stop
 
 # Every routed question is hard (threshold 0), and the calibrator (a real one with
 # every weight zero) gives every answer P = 0.5, so only rounds, tokens and time stop
-# the loop.
+# the loop. The `user` field names a conversation here (server.user_is_conversation).
 LOOP_CONFIG = f"""
+server:
+  user_is_conversation: true
 router:
   threshold: 0.0
 {BUNDLED_ENGINES}

@@ -116,4 +116,9 @@ def test_a_request_in_engine_terms() -> None:
     request = _request(runtime, EASY, max_tokens=7)
     assert request.messages == (Message("user", EASY),)
     assert request.params == SamplingParams(max_tokens=7, temperature=0.0)
-    assert request.temperature == 0.0 and request.last_user_turn == EASY
+    assert request.last_user_turn == EASY
+    # No temperature: the config's default, which the engine samples at and the cache
+    # keys on (there is no second, "as asked" temperature to disagree with it).
+    unset = ChatCompletionRequest(model="auto", messages=[ChatMessage("user", EASY)])
+    checked = chat_request(unset, runtime.engines, routing=True, limits=config.server)
+    assert checked.params.temperature == config.server.default_temperature == 0.0

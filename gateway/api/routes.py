@@ -139,7 +139,7 @@ async def _chat(
         arrived=arrived,
         asked_deadline_ms=asked.deadline_ms,
         control=asked.cache,
-        conversation=asked.conversation or data.user,
+        conversation=asked.conversation or _user_conversation(data, config),
     )
     outcome = await pipeline.run(chat, policy, decision)
     reply = render.Reply(
@@ -169,6 +169,12 @@ async def _chat(
         return refusal
     end(200)
     return Response(completion, media_type="application/json", headers=decision_headers(decision))
+
+
+def _user_conversation(data: ChatCompletionRequest, config: GatewayConfig) -> str | None:
+    """The OpenAI ``user`` field names a conversation only where the config says so: it
+    is an end user's id, and one user may ask two questions at once."""
+    return data.user if config.server.user_is_conversation else None
 
 
 async def _unless_gone(

@@ -44,7 +44,6 @@ def chat_request(
         model=request.model,
         messages=messages,
         params=params,
-        temperature=request.temperature,
         include_usage=bool(request.stream_options and request.stream_options.include_usage),
         prompt_tokens=prompt_tokens,
     )
@@ -67,7 +66,10 @@ def _params(request: ChatCompletionRequest, limits: ServerSettings) -> SamplingP
     stop = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
     return SamplingParams(
         max_tokens=max_tokens,
-        temperature=1.0 if request.temperature is None else request.temperature,
+        # Unset: the config's default, which the cache then keys on as it is sampled.
+        temperature=limits.default_temperature
+        if request.temperature is None
+        else request.temperature,
         top_p=1.0 if request.top_p is None else request.top_p,
         stop=stop,
         n=n,

@@ -44,6 +44,16 @@ class ServerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     max_tokens_cap: Positive = 1024
     # The max_tokens of a request that sets neither max_tokens nor max_completion_tokens.
     default_max_tokens: Positive = 256
+    # The temperature of a request that sets none, which the engine samples at and the
+    # cache keys on: 0 (greedy) lets such requests share cached answers; 1.0 is OpenAI's
+    # own default, and then such requests are sampled and bypass the cache (unless
+    # cache.cache_sampled).
+    default_temperature: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] = 0.0
+    # Also take the OpenAI `user` field as the conversation a request continues (a new
+    # request of the same user then stops that user's reasoning loop in flight). Off:
+    # only the x-satisfice-conversation header names a conversation, as one end user
+    # may well ask two questions at once.
+    user_is_conversation: bool = False
     # The key that opens /admin/*; when unset, the environment's SATISFICE_ADMIN_KEY,
     # and with neither the admin endpoints stay closed.
     admin_key: str | None = None

@@ -121,7 +121,7 @@ class Pipeline:
         # answers a cache keeps.
         if params.n > 1 or params.logprobs or last.role != "user":
             return None
-        if request.temperature and not policy.cache.cache_sampled:
+        if params.temperature and not policy.cache.cache_sampled:
             return None
         # The tenant scopes every key: no tenant reads or writes another's entries.
         namespace = Namespace(
@@ -130,7 +130,7 @@ class Pipeline:
             context=context_fingerprint([(m.role, m.content) for m in request.messages[:-1]]),
             embedding=self._runtime.embedding_model,
             sampling=sampling_key(
-                request.temperature,
+                params.temperature,
                 top_p=params.top_p,
                 seed=params.seed,
                 stop=params.stop,

@@ -11,10 +11,9 @@ from engines.base import Message, SamplingParams, last_user_turn
 class ChatRequest(msgspec.Struct, frozen=True, kw_only=True):
     model: str  # an engine's name, or "auto" for the router to choose
     messages: tuple[Message, ...]
+    # What the engine samples with, defaults filled in: the cache keys answers on
+    # exactly these, so no answer is served to a request that samples otherwise.
     params: SamplingParams
-    # The temperature as the client sent it, None when it sent none: the cache keeps
-    # only answers to requests that did not ask for sampling.
-    temperature: float | None
     include_usage: bool  # a stream ends with a usage chunk
     # The prompt's size by the gateway's estimate (UTF-8 bytes / 4): what rate limits
     # charge before the engine has counted.

@@ -1,0 +1,207 @@
+"""The gateway attacked from outside (issue 18): hostile bodies, headers, keys and
+tenants, cache poisoning, abandoned and slow connections, each case against a real
+gateway process over real HTTP (the official openai client, httpx, or raw sockets
+where a client would not misbehave). The holes the attack found stay closed here, and
+the cases that held keep holding.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.api.auth import hash_key
+from tests.support import start_gateway, stop
+
+ADMIN = f"sk-admin-{uuid.uuid4().hex}"
+KEY_A, KEY_A2, KEY_B, THINKER, QUICK = (
+    f"sk-{name}-{uuid.uuid4().hex}" for name in ("a", "a2", "b", "thinker", "quick")
+)
+
+# Both bundled models, the router, the loop and the cache in memory, keys of two
+# tenants (tA has two keys), and two tenants whose every routed question is hard:
+# "thinker" thinks for several rounds, "quick" stops after its first.
+CONFIG = f"""
+server:
+  admin_key: {ADMIN}
+  max_tokens_cap: 512
+router: {{}}
+loop:
+  branches: 2
+  max_rounds: 4
+  round_tokens: 48
+  token_budget: 1024
+  threshold: 0.999
+cache:
+  store: {{kind: memory}}
+tenants:
+  thinker: {{router_threshold: 0.0}}
+  quick: {{router_threshold: 0.0, loop_threshold: 0.0}}
+auth:
+  keys:
+    a: {{sha256: {hash_key(KEY_A)}, tenant: tA}}
+    a2: {{sha256: {hash_key(KEY_A2)}, tenant: tA}}
+    b: {{sha256: {hash_key(KEY_B)}, tenant: tB}}
+    thinker: {{sha256: {hash_key(THINKER)}, tenant: thinker}}
+    quick: {{sha256: {hash_key(QUICK)}, tenant: quick}}
+engines:
+  small:
+    backend: llama_cpp
+    model: smollm2-135m-instruct
+    queue_size: 2
+  large:
+    backend: llama_cpp
+    model: gemma3-270m
+    queue_size: 16
+    template:
+      stop: ["\\nQuestion:", "\\n\\n"]
+"""
+
+# Prompts whose answers run long: a story (small), a line that never ends (large).
+STORY = "Write a long story about a dragon and a knight."
+COUNTING = "List the numbers from 1 to 300, separated by commas, on one line."
+# Only whole answers are cached; the first sentence makes a whole answer quickly.
+FIRST_SENTENCE: dict[str, Any] = {"max_tokens": 48, "stop": [".", "\n"]}
+
+
+@dataclass(frozen=True)
+class Gateway:
+    url: str
+    log: Path  # the gateway's stderr
+
+    def chat(
+        self,
+        body: dict[str, Any],
+        key: str = KEY_A,
+        headers: dict[str, str] | None = None,
+        timeout_s: float = 120,
+    ) -> httpx.Response:
+        return httpx.post(
+            f"{self.url}/v1/chat/completions",
+            json=body,
+            headers={"authorization": f"Bearer {key}", **(headers or {})},
+            timeout=timeout_s,
+        )
+
+    def client(self, key: str = KEY_A) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0)
+
+    def admin(self) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.url, headers={"authorization": f"Bearer {ADMIN}"}, timeout=60
+        )
+
+    def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        text = httpx.get(f"{self.url}/metrics").text
+        return {
+            (sample.name, frozenset(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        }
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.metrics().get((name, frozenset(labels.items())), 0.0)
+
+
+@pytest.fixture(scope="module")
+def red(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    folder = tmp_path_factory.mktemp("red-team")
+    log = folder / "gateway.log"
+    with log.open("wb") as stderr:
+        url, process = start_gateway(CONFIG, folder, stderr=stderr)
+        try:
+            yield Gateway(url, log)
+        finally:
+            stop(process)
+
+
+def user(content: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": content}]
+
+
+# -- 1. cache poisoning through an unset temperature ---------------------------------
+
+
+def test_an_unset_temperature_is_sampled_greedy_and_cached_as_such(red: Gateway) -> None:
+    """A request without a temperature (the official client's default) is sampled as
+    the config's default_temperature (0: greedy) and cached under exactly that: what
+    another key of the tenant is served for temperature 0 is the greedy answer, never a
+    sample someone else chose with a seed."""
+    with red.admin() as admin:
+        assert admin.post("/admin/cache/invalidate", json={"namespace": "tA"}).status_code == 200
+    question = "Describe a strange animal you just made up."
+    seeded = red.chat({"model": "small", "messages": user(question), "seed": 3, **FIRST_SENTENCE})
+    assert seeded.status_code == 200 and seeded.headers["x-satisfice-cache"] == "miss"
+    greedy = red.chat(
+        {"model": "small", "messages": user(question), "temperature": 0, **FIRST_SENTENCE},
+        headers={"x-satisfice-cache": "bypass, no-store"},
+    )
+    answer = greedy.json()["choices"][0]["message"]["content"]
+    assert seeded.json()["choices"][0]["message"]["content"] == answer
+
+    # The answer stored is the greedy one, served to another key of the tenant.
+    hit = _until_cached(red, question, KEY_A2)
+    assert hit.json()["choices"][0]["message"]["content"] == answer
+
+    # Sampling, asked for, is neither served a cached answer nor stored.
+    for seed in (3, 4):
+        sampled = red.chat(
+            {"model": "small", "messages": user(question), "temperature": 1.0, "seed": seed,
+             **FIRST_SENTENCE}
+        )  # fmt: skip
+        assert sampled.headers["x-satisfice-cache"] == "bypass"
+    again = _until_cached(red, question, KEY_A2)
+    assert again.json()["choices"][0]["message"]["content"] == answer
+
+
+def _until_cached(red: Gateway, question: str, key: str) -> httpx.Response:
+    """The exact hit for ``question`` at temperature 0, once its write-back has landed."""
+    for _ in range(50):
+        response = red.chat(
+            {"model": "small", "messages": user(question), "temperature": 0, **FIRST_SENTENCE},
+            key=key,
+            headers={"cache-control": "only-if-cached"},
+        )
+        if response.status_code == 200:
+            assert response.headers["x-satisfice-cache"] == "exact"
+            return response
+        assert response.json()["error"]["code"] == "cache_miss"
+        time.sleep(0.1)
+    raise AssertionError(f"{question!r} was never cached")
+
+
+# -- 3. the OpenAI `user` field is not a conversation -------------------------------
+
+
+async def test_one_user_may_ask_two_questions_at_once(red: Gateway) -> None:
+    """A second question with the same `user` (an end user's id) while the first is in
+    the loop stops nothing: both get their answer. Only x-satisfice-conversation (or
+    the config switch server.user_is_conversation) makes a new turn stop an earlier one."""
+    async with httpx.AsyncClient(
+        base_url=red.url, headers={"authorization": f"Bearer {QUICK}"}, timeout=120
+    ) as http:
+        first = {"model": "auto", "messages": user(COUNTING), "user": "end-user-7"}
+        async with http.stream(
+            "POST", "/v1/chat/completions", json={**first, "stream": True}
+        ) as stream:
+            lines = stream.aiter_lines()
+            assert (await anext(lines)).startswith("data: ")  # the loop is thinking
+            second = await http.post(
+                "/v1/chat/completions",
+                json={**first, "messages": user("Is the sun a star?")},
+            )
+            rest = [line async for line in lines]
+    assert second.status_code == 200, second.text
+    assert second.headers["x-satisfice-route"] == "loop"
+    assert "x-satisfice-superseded-ms" not in second.headers
+    assert "data: [DONE]" in rest
+    assert not any('"error"' in line for line in rest)
