@@ -15,9 +15,10 @@ import ctypes
 import os
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import llama_cpp
 import msgspec
@@ -131,42 +132,41 @@ class _Worker:
         cancel: threading.Event,
         emit: Callable[[Delta], None],
     ) -> SampleDone:
-        llm = self.llm
         started = time.monotonic()
         text, add_bos, lstrip = prompt
-        prompt_tokens = llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
-        if len(prompt_tokens) >= self.context_tokens:
-            raise PromptTooLong(engine, len(prompt_tokens), self.context_tokens)
+        prompt_tokens = self._prompt_tokens(engine, text, add_bos)
         budget = min(params.max_tokens, self.context_tokens - len(prompt_tokens))
-        first_token_at: float | None = None
-        matcher = StopMatcher(stops)
-        decoder = codecs.getincrementaldecoder("utf-8")("replace")
         recorder = (
-            LogprobRecorder(llm, self.token_bytes, params.top_logprobs) if params.logprobs else None
+            LogprobRecorder(self.llm, self.token_bytes, params.top_logprobs)
+            if params.logprobs
+            else None
         )
-        vocab = llm._model.vocab
-        pieces: list[str] = []
-        logprobs: list[TokenLogprob] = []
-        pending: list[TokenLogprob] = []
-        count = 0
-        finish: FinishReason = "length"
-        matched = False
+        answer = _Answer(index, lstrip, emit)
+        tokens = self._sampled_tokens(prompt_tokens, params)
+        decoded = self._decode(
+            tokens, answer, StopMatcher(stops), recorder, budget, deadline, cancel
+        )
+        first_token_at = decoded.first_token_at
+        timings = Timings(
+            queue_s=0.0,
+            first_token_s=None if first_token_at is None else first_token_at - started,
+            total_s=time.monotonic() - started,
+        )
+        return SampleDone(
+            answer.sample(decoded.finish, decoded.tokens, timings), len(prompt_tokens)
+        )
 
-        def flush(piece: str, final: bool = False) -> None:
-            nonlocal pending
-            if lstrip and not any(pieces):
-                # A completion template ends with "Answer:"; the model's reply starts
-                # with the space after it, which is not part of the answer.
-                piece = piece.lstrip()
-            # Logprobs of tokens whose text is still held back wait for that text.
-            if piece or (final and pending):
-                pieces.append(piece)
-                logprobs.extend(pending)
-                emit(Delta(index, piece, tuple(pending)))
-                pending = []
+    def _prompt_tokens(self, engine: str, text: str, add_bos: bool) -> list[int]:
+        tokens = self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
+        if len(tokens) >= self.context_tokens:
+            raise PromptTooLong(engine, len(tokens), self.context_tokens)
+        return tokens
 
+    def _sampled_tokens(self, prompt_tokens: list[int], params: SamplingParams) -> Generator[int]:
+        """The tokens the model samples after the prompt, one decode per step."""
+        llm = self.llm
         llm.set_seed(llama_cpp.LLAMA_DEFAULT_SEED if params.seed is None else params.seed)
-        tokens = llm.generate(
+        return llm.generate(
             prompt_tokens,
             temp=params.temperature,
             top_p=params.top_p,
@@ -175,6 +175,27 @@ class _Worker:
             frequency_penalty=params.frequency_penalty,
             presence_penalty=params.presence_penalty,
         )
+
+    def _decode(
+        self,
+        tokens: Generator[int],
+        answer: _Answer,
+        matcher: StopMatcher,
+        recorder: LogprobRecorder | None,
+        budget: int,
+        deadline: float | None,
+        cancel: threading.Event,
+    ) -> _Decoded:
+        """Takes tokens into ``answer`` until the budget, a stop, the deadline or
+        ``cancel``; this loop runs once per token, so it keeps to local names."""
+        vocab = self.llm._model.vocab
+        token_bytes = self.token_bytes
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        pending, flush = answer.pending, answer.flush
+        first_token_at: float | None = None
+        count = 0
+        finish: FinishReason = "length"
+        matched = False
         # Each step of `tokens` decodes one token; checking before every step means
         # a cancelled or late sample computes at most one token more.
         while count < budget:
@@ -194,7 +215,7 @@ class _Worker:
             self.tokens_generated += 1
             if recorder is not None:
                 pending.append(recorder.record(token))
-            safe, matched = matcher.feed(decoder.decode(self.token_bytes(token)))
+            safe, matched = matcher.feed(decoder.decode(token_bytes(token)))
             flush(safe)
             if matched:
                 finish = "stop"
@@ -202,20 +223,52 @@ class _Worker:
         tokens.close()
         if not matched:  # text held back as a possible stop sequence was not one
             flush(matcher.flush() + decoder.decode(b"", final=True), final=True)
-        ended = time.monotonic()
-        sample = Sample(
-            index=index,
-            text="".join(pieces),
+        return _Decoded(finish, count, first_token_at)
+
+
+class _Decoded(NamedTuple):
+    """How a sample's decoding ended, how many tokens it took, and when the first came."""
+
+    finish: FinishReason
+    tokens: int
+    first_token_at: float | None
+
+
+class _Answer:
+    """One sample's text and logprobs, emitted as they become final. Text held back
+    (a possible stop sequence, part of a UTF-8 character) keeps its tokens'
+    logprobs in ``pending`` until it is emitted with them."""
+
+    __slots__ = ("_emit", "_index", "_lstrip", "logprobs", "pending", "pieces")
+
+    def __init__(self, index: int, lstrip: bool, emit: Callable[[Delta], None]) -> None:
+        self._index = index
+        self._lstrip = lstrip
+        self._emit = emit
+        self.pieces: list[str] = []
+        self.logprobs: list[TokenLogprob] = []
+        self.pending: list[TokenLogprob] = []
+
+    def flush(self, piece: str, final: bool = False) -> None:
+        if self._lstrip and not any(self.pieces):
+            # A completion template ends with "Answer:"; the model's reply starts
+            # with the space after it, which is not part of the answer.
+            piece = piece.lstrip()
+        if piece or (final and self.pending):
+            self.pieces.append(piece)
+            self.logprobs.extend(self.pending)
+            self._emit(Delta(self._index, piece, tuple(self.pending)))
+            self.pending.clear()
+
+    def sample(self, finish: FinishReason, tokens: int, timings: Timings) -> Sample:
+        return Sample(
+            index=self._index,
+            text="".join(self.pieces),
             finish_reason=finish,
-            completion_tokens=count,
-            logprobs=tuple(logprobs),
-            timings=Timings(
-                queue_s=0.0,
-                first_token_s=None if first_token_at is None else first_token_at - started,
-                total_s=ended - started,
-            ),
+            completion_tokens=tokens,
+            logprobs=tuple(self.logprobs),
+            timings=timings,
         )
-        return SampleDone(sample, len(prompt_tokens))
 
 
 class LlamaCppEngine(FanOutEngine):

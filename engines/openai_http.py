@@ -96,6 +96,52 @@ def _decode_logprobs(raw: _Logprobs | None) -> tuple[TokenLogprob, ...]:
     )
 
 
+class _StreamedAnswer:
+    """One sample as its chunks arrive: its text and logprobs, when its first token
+    came, how it finished, and the token counts the server reported."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.started = time.monotonic()
+        self.first_token_at: float | None = None
+        self.pieces: list[str] = []
+        self.logprobs: list[TokenLogprob] = []
+        self.finish: FinishReason | None = None
+        self.usage = _Usage()
+
+    def add(self, choice: _Choice) -> Delta | None:
+        """Takes one choice of a chunk; the delta it brings, if it brings any."""
+        text = choice.text if choice.delta is None else choice.delta.content
+        new = _decode_logprobs(choice.logprobs)
+        if choice.finish_reason is not None:
+            self.finish = "length" if choice.finish_reason == "length" else "stop"
+        if not (text or new):
+            return None
+        if self.first_token_at is None:
+            self.first_token_at = time.monotonic()
+        self.pieces.append(text or "")
+        self.logprobs.extend(new)
+        return Delta(self.index, text or "", new)
+
+    def sample(self, finish: FinishReason, keep_logprobs: bool, queue_s: float) -> Sample:
+        """The whole sample, once it has finished."""
+        first_token_at = self.first_token_at
+        return Sample(
+            index=self.index,
+            text="".join(self.pieces),
+            finish_reason=finish,
+            completion_tokens=(
+                self.usage.completion_tokens or len(self.logprobs) or len(self.pieces)
+            ),
+            logprobs=tuple(self.logprobs) if keep_logprobs else (),
+            timings=Timings(
+                queue_s=queue_s,
+                first_token_s=None if first_token_at is None else first_token_at - self.started,
+                total_s=time.monotonic() - self.started,
+            ),
+        )
+
+
 class OpenAIHTTPEngine(FanOutEngine):
     def __init__(self, name: str, settings: OpenAIHTTPSettings) -> None:
         self.name = name
@@ -225,70 +271,49 @@ class OpenAIHTTPEngine(FanOutEngine):
         queue_s: float,
     ) -> AsyncGenerator[Delta | SampleDone]:
         path, body = self._request(prompt, params)
-        started = time.monotonic()
-        first_token_at: float | None = None
-        pieces: list[str] = []
-        logprobs: list[TokenLogprob] = []
-        finish: FinishReason | None = None
-        usage = _Usage()
+        answer = _StreamedAnswer(index)
         async with self._connect(path, body) as response:
             lines = response.aiter_lines()
-            while True:
-                try:
-                    async with asyncio.timeout(remaining(deadline)):
-                        line = await anext(lines)
-                except StopAsyncIteration:
-                    break
-                except TimeoutError:
-                    finish = "deadline"
-                    break
-                except httpx.ReadTimeout as exc:
-                    raise EngineUnavailable(
-                        self.name,
-                        f"server sent nothing for {self._settings.read_timeout_s}s",
-                    ) from exc
-                except (httpx.ReadError, httpx.RemoteProtocolError) as exc:
-                    raise EngineUnavailable(
-                        self.name, "server closed the connection mid-answer"
-                    ) from exc
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                try:
-                    chunk = msgspec.json.decode(data, type=_Chunk)
-                except msgspec.DecodeError as exc:
-                    raise EngineUnavailable(self.name, f"unreadable stream chunk: {exc}") from exc
-                if chunk.usage is not None:
-                    usage = chunk.usage
-                for choice in chunk.choices:
-                    text = choice.text if choice.delta is None else choice.delta.content
-                    new = _decode_logprobs(choice.logprobs)
-                    if text or new:
-                        if first_token_at is None:
-                            first_token_at = time.monotonic()
-                        pieces.append(text or "")
-                        logprobs.extend(new)
-                        yield Delta(index, text or "", new)
-                    if choice.finish_reason is not None:
-                        finish = "length" if choice.finish_reason == "length" else "stop"
+            try:
+                while (chunk := await self._next_chunk(lines, deadline)) is not None:
+                    if chunk.usage is not None:
+                        answer.usage = chunk.usage
+                    for choice in chunk.choices:
+                        if (delta := answer.add(choice)) is not None:
+                            yield delta
+            except TimeoutError:
+                answer.finish = "deadline"
+        finish = answer.finish
         if finish is None:
             raise EngineUnavailable(self.name, "stream ended before the answer was finished")
-        ended = time.monotonic()
-        sample = Sample(
-            index=index,
-            text="".join(pieces),
-            finish_reason=finish,
-            completion_tokens=usage.completion_tokens or len(logprobs) or len(pieces),
-            logprobs=tuple(logprobs) if params.logprobs else (),
-            timings=Timings(
-                queue_s=queue_s,
-                first_token_s=None if first_token_at is None else first_token_at - started,
-                total_s=ended - started,
-            ),
-        )
-        yield SampleDone(sample, usage.prompt_tokens)
+        sample = answer.sample(finish, params.logprobs, queue_s)
+        yield SampleDone(sample, answer.usage.prompt_tokens)
+
+    async def _next_chunk(self, lines: AsyncIterator[str], deadline: float | None) -> _Chunk | None:
+        """The stream's next chunk, or None at its end; TimeoutError at the deadline."""
+        while True:
+            try:
+                async with asyncio.timeout(remaining(deadline)):
+                    line = await anext(lines)
+            except StopAsyncIteration:
+                return None
+            except httpx.ReadTimeout as exc:
+                raise EngineUnavailable(
+                    self.name, f"server sent nothing for {self._settings.read_timeout_s}s"
+                ) from exc
+            except (httpx.ReadError, httpx.RemoteProtocolError) as exc:
+                raise EngineUnavailable(
+                    self.name, "server closed the connection mid-answer"
+                ) from exc
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                return None
+            try:
+                return msgspec.json.decode(data, type=_Chunk)
+            except msgspec.DecodeError as exc:
+                raise EngineUnavailable(self.name, f"unreadable stream chunk: {exc}") from exc
 
     @contextlib.asynccontextmanager
     async def _connect(self, path: str, body: dict[str, Any]) -> AsyncIterator[httpx.Response]:
