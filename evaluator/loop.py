@@ -143,11 +143,98 @@ class _Branch(msgspec.Struct, kw_only=True):
         return self.text + self.probe_text if self.probe_text else self.text
 
 
+class _Growing:
+    """A branch as a round's tokens arrive: its text and logprobs so far, a carried
+    branch's earlier ones included, and the watch that prunes it when unsure."""
+
+    def __init__(self, prior: _Branch | None, watch: LowConfidenceWatch | None) -> None:
+        self.prior = prior
+        self.pieces: list[str] = [] if prior is None else [prior.text]
+        self.tokens: list[TokenLogprob] = [] if prior is None else list(prior.logprobs)
+        self.watch = watch
+        if watch is not None:
+            for token in self.tokens:  # the window goes on where the last round left it
+                watch.feed(token)
+
+    def branch(self, finish: FinishReason | Literal["pruned"]) -> _Branch:
+        prior = self.prior
+        return _Branch(
+            text="".join(self.pieces),
+            logprobs=tuple(self.tokens),
+            tokens=len(self.tokens),
+            finish_reason=finish,
+            prompt_tokens=0 if prior is None else prior.prompt_tokens,
+            probes=[] if prior is None else prior.probes,
+        )
+
+    def finished(self, generation: Generation) -> _Branch:
+        sample = generation.samples[0]
+        if self.prior is None:
+            # The whole text and every token, as the engine counted them.
+            return _Branch(
+                text=sample.text,
+                logprobs=sample.logprobs,
+                tokens=sample.completion_tokens,
+                finish_reason=sample.finish_reason,
+                prompt_tokens=generation.prompt_tokens,
+            )
+        return self.branch(sample.finish_reason)
+
+
 class _Vote(msgspec.Struct, frozen=True):
     """A branch as the vote reads it (evaluator.signals.Trace)."""
 
     text: str
     logprobs: tuple[TokenLogprob, ...]
+
+
+class _Run:
+    """One run of the loop: the question's kind and the run's limits, its branches and
+    rounds so far, the votes' verdicts, and the tokens it has spent."""
+
+    def __init__(
+        self, *, kind: AnswerKind, k: int, deadline: float | None, max_tokens: int | None
+    ) -> None:
+        self.started = time.monotonic()
+        self.kind = kind
+        self.k = k  # branches per round
+        self.deadline = deadline
+        self.max_tokens = max_tokens  # the client's limit on each branch
+        self.branches: list[_Branch] = []
+        self.rounds: list[RoundTrace] = []
+        self.verdict: Verdict | None = None
+        self.previous: Verdict | None = None  # the verdict a round before
+        self.best: Verdict | None = None
+        self.spent = 0
+        self.probe_spent = 0
+
+    def result(
+        self,
+        end: EndReason,
+        text: str,
+        used: Literal["none", "best", "small", "error"],
+        confidence: float,
+        engine: str,
+    ) -> LoopResult:
+        deadline = self.deadline
+        trace = LoopTrace(
+            kind=self.kind,
+            rounds=self.rounds,
+            stop=end,
+            fallback=used,
+            confidence=confidence,
+            tokens=self.spent,
+            probe_tokens=self.probe_spent,
+            deadline_ms=None if deadline is None else (deadline - self.started) * 1000,
+            elapsed_ms=(time.monotonic() - self.started) * 1000,
+        )
+        return LoopResult(
+            text=text,
+            trace=trace,
+            prompt_tokens=max((b.prompt_tokens for b in self.branches), default=0),
+            answer_tokens=next((b.tokens for b in self.branches if b.reply == text), 0),
+            engine=engine,
+        )
 
 
 class ReasoningLoop:
@@ -188,133 +275,34 @@ class ReasoningLoop:
         ``deadline`` is absolute ``time.monotonic()`` seconds; ``max_tokens`` caps each
         branch (the client's own limit on an answer).
         """
-        started = time.monotonic()
-        settings = self.settings
-        k = settings.branches_for(difficulty)
-        question = last_user_turn(messages)
-        kind = infer_kind(question)
+        run = _Run(
+            kind=infer_kind(last_user_turn(messages)),
+            k=self.settings.branches_for(difficulty),
+            deadline=deadline,
+            max_tokens=max_tokens,
+        )
         hedge: asyncio.Task[Generation] | None = None
         if fallback.policy == "small" and fallback.hedge and self.small is not None:
             hedge = asyncio.create_task(self._small_answer(messages, deadline))
-        budget = " ".join(
-            [f"up to {settings.max_rounds} rounds of {k} branches"]
-            + ([] if deadline is None else [f"{(deadline - started) * 1000:.0f} ms"])
-        )
-        yield Thinking(f"Thinking ({budget}); the question asks for {_KIND_WORDS[kind]}.\n")
-
-        branches: list[_Branch] = []
-        rounds: list[RoundTrace] = []
-        verdict: Verdict | None = None
-        previous: Verdict | None = None  # the verdict a round before
-        best: Verdict | None = None
-        spent = probe_spent = 0
+        yield Thinking(self._opening_note(run))
         end: EndReason | None = None
         try:
-            while True:
-                if rounds:
-                    end = self._stop(verdict, previous, rounds, branches, spent, k, deadline)
-                    if end is not None:
-                        break
-                elif deadline is not None and time.monotonic() >= deadline:
-                    end = "deadline"
-                    break
-                round_started = time.monotonic()
-                going_on = [b for b in branches if self._open(b, max_tokens)]
-                try:
-                    ran = await self._round(messages, going_on, k, deadline, max_tokens)
-                except EngineOverloaded:
-                    if verdict is None:
-                        raise  # nothing to answer with: the client hears 429
+            while (end := self._end_before_round(run)) is None:
+                trace = await self._next_round(messages, run)
+                if trace is None:
                     end = "overloaded"
                     break
-                round_tokens = sum(b.tokens for b in ran) - sum(b.tokens for b in going_on)
-                carried = {id(b) for b in going_on}
-                branches = [b for b in branches if id(b) not in carried] + ran
-                if settings.probes:
-                    probed = await self._probe_open(messages, kind, ran, deadline, max_tokens)
-                    round_tokens += probed
-                    probe_spent += probed
-                spent += round_tokens
-                votes, answers, probe_lists = self._votes(kind, branches, max_tokens)
-                previous = verdict
-                if votes:
-                    verdict = tally(
-                        kind,
-                        votes,
-                        answers,
-                        calibrator=self.calibrator,
-                        prune_below=settings.prune_below,
-                        probes=probe_lists if settings.probes else None,
-                    )
-                    if best is None or verdict.probability >= best.probability:
-                        best = verdict
-                rounds.append(
-                    RoundTrace(
-                        round=len(rounds) + 1,
-                        branches=[self._branch_trace(kind, b, max_tokens) for b in ran],
-                        answer=None if verdict is None else verdict.answer,
-                        probability=0.0 if verdict is None else verdict.probability,
-                        tokens=round_tokens,
-                        seconds=time.monotonic() - round_started,
-                    )
-                )
-                yield Thinking(self._round_note(rounds[-1], verdict))
+                yield Thinking(self._round_note(trace, run.verdict))
         finally:
             # The hedge answers only at the deadline; otherwise it is stopped now.
             if hedge is not None and end != "deadline":
                 hedge.cancel()
                 with contextlib.suppress(BaseException):
                     await hedge
-
-        prompt_tokens = max((b.prompt_tokens for b in branches), default=0)
-
-        def result(
-            text: str,
-            used: Literal["none", "best", "small", "error"],
-            confidence: float,
-            engine: str,
-        ) -> LoopResult:
-            trace = LoopTrace(
-                kind=kind,
-                rounds=rounds,
-                stop=end or "deadline",
-                fallback=used,
-                confidence=confidence,
-                tokens=spent,
-                probe_tokens=probe_spent,
-                deadline_ms=None if deadline is None else (deadline - started) * 1000,
-                elapsed_ms=(time.monotonic() - started) * 1000,
-            )
-            own = next((b.tokens for b in branches if b.reply == text), 0)
-            return LoopResult(
-                text=text,
-                trace=trace,
-                prompt_tokens=prompt_tokens,
-                answer_tokens=own,
-                engine=engine,
-            )
-
-        if end != "deadline":
-            if best is None or best.answer is None:
-                # Every branch ran out of rounds or tokens without an answer: the most
-                # likely text is still better than none.
-                text = verdict.text if verdict is not None else ""
-                yield result(text, "none", 0.0 if verdict is None else verdict.probability,
-                             self.engine.name)  # fmt: skip
-            else:
-                final = verdict if verdict is not None and verdict.answer is not None else best
-                yield result(final.text, "none", final.probability, self.engine.name)
-            return
-        # The deadline: the configured fallback, then the next one that can answer.
-        if fallback.policy == "small" and self.small is not None:
-            small = await self._settle_small(hedge, messages, deadline)
-            if small is not None:
-                yield result(small.text, "small", 0.0, small.engine)
-                return
-        if fallback.policy != "error" and best is not None and best.answer is not None:
-            yield result(best.text, "best", best.probability, self.engine.name)
-            return
-        yield result("", "error", 0.0, self.engine.name)
+        if end == "deadline":
+            yield await self._fallback_answer(run, fallback, hedge, messages)
+        else:
+            yield self._own_answer(run, end)
 
     async def draft(
         self,
@@ -340,30 +328,117 @@ class ReasoningLoop:
         verdict = tally(kind, [sample], [answer], calibrator=self.calibrator)
         return generation, verdict.probability if verdict.answer is not None else 0.0
 
-    def _stop(
+    def _opening_note(self, run: _Run) -> str:
+        budget = " ".join(
+            [f"up to {self.settings.max_rounds} rounds of {run.k} branches"]
+            + ([] if run.deadline is None else [f"{(run.deadline - run.started) * 1000:.0f} ms"])
+        )
+        return f"Thinking ({budget}); the question asks for {_KIND_WORDS[run.kind]}.\n"
+
+    def _end_before_round(self, run: _Run) -> StopReason | None:
+        """Why no further round starts, or None: another one does."""
+        if run.rounds:
+            return self._stop(run)
+        if run.deadline is not None and time.monotonic() >= run.deadline:
+            return "deadline"
+        return None
+
+    async def _next_round(self, messages: Sequence[Message], run: _Run) -> RoundTrace | None:
+        """One round: the open branches a round further and new ones up to k, their
+        probes, then every branch's vote. None when the engine refused the round and
+        the loop has an answer to give instead."""
+        round_started = time.monotonic()
+        going_on = [b for b in run.branches if self._open(b, run.max_tokens)]
+        try:
+            ran = await self._round(messages, going_on, run.k, run.deadline, run.max_tokens)
+        except EngineOverloaded:
+            if run.verdict is None:
+                raise  # nothing to answer with: the client hears 429
+            return None
+        tokens = sum(b.tokens for b in ran) - sum(b.tokens for b in going_on)
+        carried = {id(b) for b in going_on}
+        run.branches = [b for b in run.branches if id(b) not in carried] + ran
+        if self.settings.probes:
+            probed = await self._probe_open(messages, run.kind, ran, run.deadline, run.max_tokens)
+            tokens += probed
+            run.probe_spent += probed
+        run.spent += tokens
+        self._vote(run)
+        trace = RoundTrace(
+            round=len(run.rounds) + 1,
+            branches=[self._branch_trace(run.kind, b, run.max_tokens) for b in ran],
+            answer=None if run.verdict is None else run.verdict.answer,
+            probability=0.0 if run.verdict is None else run.verdict.probability,
+            tokens=tokens,
+            seconds=time.monotonic() - round_started,
+        )
+        run.rounds.append(trace)
+        return trace
+
+    def _vote(self, run: _Run) -> None:
+        """Every branch so far votes; the leading answer becomes the run's verdict."""
+        votes, answers, probes = self._votes(run.kind, run.branches, run.max_tokens)
+        run.previous = run.verdict
+        if not votes:
+            return
+        run.verdict = tally(
+            run.kind,
+            votes,
+            answers,
+            calibrator=self.calibrator,
+            prune_below=self.settings.prune_below,
+            probes=probes if self.settings.probes else None,
+        )
+        if run.best is None or run.verdict.probability >= run.best.probability:
+            run.best = run.verdict
+
+    def _own_answer(self, run: _Run, end: EndReason) -> LoopResult:
+        """The loop's own answer, when it stopped before the deadline."""
+        verdict, best = run.verdict, run.best
+        if best is None or best.answer is None:
+            # Every branch ran out of rounds or tokens without an answer: the most
+            # likely text is still better than none.
+            text = verdict.text if verdict is not None else ""
+            probability = 0.0 if verdict is None else verdict.probability
+            return run.result(end, text, "none", probability, self.engine.name)
+        final = verdict if verdict is not None and verdict.answer is not None else best
+        return run.result(end, final.text, "none", final.probability, self.engine.name)
+
+    async def _fallback_answer(
         self,
-        verdict: Verdict | None,
-        previous: Verdict | None,
-        rounds: list[RoundTrace],
-        branches: list[_Branch],
-        spent: int,
-        k: int,
-        deadline: float | None,
-    ) -> StopReason | None:
-        seconds = sum(r.seconds for r in rounds)
-        per_branch = spent / len(branches) if branches else float(self.settings.round_tokens)
-        next_tokens = k * per_branch
+        run: _Run,
+        fallback: FallbackSettings,
+        hedge: asyncio.Task[Generation] | None,
+        messages: Sequence[Message],
+    ) -> LoopResult:
+        """The deadline: the configured fallback, then the next one that can answer."""
+        if fallback.policy == "small" and self.small is not None:
+            small = await self._settle_small(hedge, messages, run.deadline)
+            if small is not None:
+                return run.result("deadline", small.text, "small", 0.0, small.engine)
+        best = run.best
+        if fallback.policy != "error" and best is not None and best.answer is not None:
+            return run.result("deadline", best.text, "best", best.probability, self.engine.name)
+        return run.result("deadline", "", "error", 0.0, self.engine.name)
+
+    def _stop(self, run: _Run) -> StopReason | None:
+        spent, deadline = run.spent, run.deadline
+        seconds = sum(r.seconds for r in run.rounds)
+        per_branch = (
+            spent / len(run.branches) if run.branches else float(self.settings.round_tokens)
+        )
+        next_tokens = run.k * per_branch
         # Another round costs what the rounds so far took per token, at their speed.
         next_s = next_tokens * seconds / spent if spent else None
         return stop_reason(
-            verdict,
-            rounds=len(rounds),
+            run.verdict,
+            rounds=len(run.rounds),
             tokens=spent,
             next_round_tokens=next_tokens,
             settings=self.settings,
             time_left_s=None if deadline is None else deadline - time.monotonic(),
             next_round_s=next_s,
-            previous=previous,
+            previous=run.previous,
         )
 
     async def _round(
@@ -491,33 +566,11 @@ class ReasoningLoop:
     ) -> _Branch:
         """A new branch, or ``prior`` a round further (its text sent back as the start
         of the assistant's turn, which the engine continues)."""
-        # A seed of its own, so branches differ on backends that would reuse a default.
-        own = msgspec.structs.replace(params, seed=random.randrange(2**31))
-        prompt: Sequence[Message] = messages
-        if prior is not None:
-            prompt = (*messages, Message("assistant", prior.text))
-            if max_tokens is not None:
-                own = msgspec.structs.replace(
-                    own, max_tokens=min(own.max_tokens, max_tokens - prior.tokens)
-                )
+        prompt, own = self._continuation(messages, params, prior, max_tokens)
         cut = self.settings.prune_below
-        watch = None if cut is None else LowConfidenceWatch(cut, self._signals)
-        pieces: list[str] = [] if prior is None else [prior.text]
-        tokens: list[TokenLogprob] = [] if prior is None else list(prior.logprobs)
-        if watch is not None:
-            for token in tokens:  # the window goes on where the last round left it
-                watch.feed(token)
-
-        def branch(finish: FinishReason | Literal["pruned"]) -> _Branch:
-            return _Branch(
-                text="".join(pieces),
-                logprobs=tuple(tokens),
-                tokens=len(tokens),
-                finish_reason=finish,
-                prompt_tokens=0 if prior is None else prior.prompt_tokens,
-                probes=[] if prior is None else prior.probes,
-            )
-
+        growing = _Growing(prior, None if cut is None else LowConfidenceWatch(cut, self._signals))
+        # This loop runs once per token, so it keeps to local names.
+        pieces, tokens, watch = growing.pieces, growing.tokens, growing.watch
         stream = self.engine.stream(prompt, own, deadline)
         try:
             # The engine stops at the deadline between two tokens; this bound holds
@@ -525,24 +578,33 @@ class ReasoningLoop:
             async with asyncio.timeout(remaining(deadline)), contextlib.aclosing(stream) as events:
                 async for event in events:
                     if isinstance(event, Generation):
-                        sample = event.samples[0]
-                        if prior is None:
-                            # The whole text and every token, as the engine counted them.
-                            return _Branch(
-                                text=sample.text,
-                                logprobs=sample.logprobs,
-                                tokens=sample.completion_tokens,
-                                finish_reason=sample.finish_reason,
-                                prompt_tokens=event.prompt_tokens,
-                            )
-                        return branch(sample.finish_reason)
+                        return growing.finished(event)
                     pieces.append(event.text)
                     tokens.extend(event.logprobs)
                     if watch is not None and any(watch.feed(t) for t in event.logprobs):
-                        return branch("pruned")  # DeepConf online
+                        return growing.branch("pruned")  # DeepConf online
         except TimeoutError:
-            return branch("deadline")
+            return growing.branch("deadline")
         raise EngineError(self.engine.name, "the stream ended without a generation")
+
+    def _continuation(
+        self,
+        messages: Sequence[Message],
+        params: SamplingParams,
+        prior: _Branch | None,
+        max_tokens: int | None,
+    ) -> tuple[Sequence[Message], SamplingParams]:
+        """The prompt and sampling of a branch's round: ``prior``'s text continued,
+        within what is left of the client's limit."""
+        # A seed of its own, so branches differ on backends that would reuse a default.
+        own = msgspec.structs.replace(params, seed=random.randrange(2**31))
+        if prior is None:
+            return messages, own
+        if max_tokens is not None:
+            own = msgspec.structs.replace(
+                own, max_tokens=min(own.max_tokens, max_tokens - prior.tokens)
+            )
+        return (*messages, Message("assistant", prior.text)), own
 
     def _branch_trace(
         self, kind: AnswerKind, branch: _Branch, max_tokens: int | None

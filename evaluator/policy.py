@@ -129,58 +129,99 @@ def tally(
     if traces is None:
         traces = [trace_confidence(b.logprobs, settings) for b in branches]
     scores = [branch_confidence(t) for t in traces]
-    # A branch without logprobs weighs 1 and is ranked below any that has them.
-    weight_of = [1.0 if score is None else max(score, 1e-6) for score in scores]
-    rank_of = [-math.inf if score is None else score for score in scores]
-    keep = [
+    keep = _kept(scores, prune_below)
+    candidate = _weighted_majority(scores, answers, keep)
+    signals = _vote_signals(kind, branches, answers, keep, candidate, probes, settings)
+    return Verdict(
+        answer=candidate,
+        text=branches[_most_confident(scores, answers, keep, candidate)].text,
+        probability=_probability(candidate, signals, calibrator),
+        signals=signals,
+        kept=len(keep),
+        pruned=len(branches) - len(keep),
+    )
+
+
+def _kept(scores: Sequence[float | None], prune_below: float | None) -> list[int]:
+    """The branches DeepConf's filter keeps: every one when it would keep none."""
+    kept = [
         i
         for i, score in enumerate(scores)
         if prune_below is None or score is None or score >= prune_below
-    ] or list(range(len(branches)))
+    ]
+    return kept or list(range(len(scores)))
+
+
+def _weighted_majority(
+    scores: Sequence[float | None], answers: Sequence[str | None], keep: Sequence[int]
+) -> str | None:
+    """The answer with the most confidence behind it among the kept branches."""
     weights: dict[str, float] = {}
     for i in keep:
-        answer = answers[i]
+        answer, score = answers[i], scores[i]
         if answer is not None:
             # Token confidence is -mean log-prob of the top-k alternatives: positive,
-            # larger when the model was sure.
-            weights[answer] = weights.get(answer, 0.0) + weight_of[i]
+            # larger when the model was sure. A branch without logprobs weighs 1.
+            weight = 1.0 if score is None else max(score, 1e-6)
+            weights[answer] = weights.get(answer, 0.0) + weight
     # max keeps the first-seen answer among equal weights, as the plain majority does.
-    candidate = max(weights, key=weights.__getitem__) if weights else None
-    kept = [branches[i] for i in keep]
-    kept_answers = [answers[i] for i in keep]
+    return max(weights, key=weights.__getitem__) if weights else None
+
+
+def _vote_signals(
+    kind: AnswerKind,
+    branches: Sequence[Trace],
+    answers: Sequence[str | None],
+    keep: Sequence[int],
+    candidate: str | None,
+    probes: Sequence[Sequence[Probe]] | None,
+    settings: SignalSettings,
+) -> Signals:
+    """The signals of the kept branches' vote for ``candidate``."""
     streak = None
     if probes is not None:
         kept_probes = [probes[i] for i in keep]
         streak = max(kept_probes, key=lambda p: probe_streak(p, candidate), default=[])
     signals = compute_signals(
-        kind, kept, candidate=candidate, answers=kept_answers, probes=streak, settings=settings
+        kind,
+        [branches[i] for i in keep],
+        candidate=candidate,
+        answers=[answers[i] for i in keep],
+        probes=streak,
+        settings=settings,
     )
-    if probes is not None:
-        # Every probe of the round counts in its cost, not only the streak's own.
-        signals = msgspec.structs.replace(
-            signals, probe_tokens=sum(probe.tokens for branch in probes for probe in branch)
-        )
-    probability = signals.vote_share
+    if probes is None:
+        return signals
+    # Every probe of the round counts in its cost, not only the streak's own.
+    probe_tokens = sum(probe.tokens for branch in probes for probe in branch)
+    return msgspec.structs.replace(signals, probe_tokens=probe_tokens)
+
+
+def _probability(candidate: str | None, signals: Signals, calibrator: Calibrator | None) -> float:
     if candidate is None:
         # Nothing to be right about (every branch came back without an answer).
-        probability = 0.0
-    elif calibrator is not None:
-        try:
-            probability = calibrator.probability(signals)
-        except MissingSignal:
-            # The engine gave no logprobs (or no alternatives) this time: the vote
-            # share is all the evidence there is.
-            probability = signals.vote_share
-    behind = [i for i in keep if answers[i] == candidate] or keep
-    best = max(behind, key=rank_of.__getitem__)
-    return Verdict(
-        answer=candidate,
-        text=branches[best].text,
-        probability=probability,
-        signals=signals,
-        kept=len(keep),
-        pruned=len(branches) - len(keep),
-    )
+        return 0.0
+    if calibrator is None:
+        return signals.vote_share
+    try:
+        return calibrator.probability(signals)
+    except MissingSignal:
+        # The engine gave no logprobs (or no alternatives) this time: the vote
+        # share is all the evidence there is.
+        return signals.vote_share
+
+
+def _most_confident(
+    scores: Sequence[float | None],
+    answers: Sequence[str | None],
+    keep: Sequence[int],
+    candidate: str | None,
+) -> int:
+    """The kept branch that gives ``candidate`` most confidently (any kept branch
+    when none gives it); a branch without logprobs ranks below any that has them."""
+    rank_of = [-math.inf if score is None else score for score in scores]
+    behind = [i for i in keep if answers[i] == candidate] or list(keep)
+    return max(behind, key=rank_of.__getitem__)
 
 
 StopReason = Literal["confident", "max_rounds", "token_budget", "no_gain", "deadline"]
