@@ -20,6 +20,7 @@ import difflib
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import msgspec
 
@@ -300,51 +301,76 @@ def _substituted(cached: Sequence[str], query: Sequence[str]) -> tuple[str, str]
 def explain(cached: str, query: str, settings: GuardSettings) -> tuple[str, str] | None:
     """The first guard that vetoes a hit between the two prompts and the words that
     made it, or None when every enabled guard accepts."""
-    cached_tokens, query_tokens = _tokens(cached), _tokens(query)
-    cached_words, query_words = _words(cached), _words(query)
-    if settings.numbers:
-        mine, theirs = Counter(numbers(cached)), Counter(numbers(query))
-        if mine != theirs:
-            return "numbers", " ".join(sorted((mine - theirs) + (theirs - mine)))
-        # "6 divided by 3" is not "3 divided by 6".
-        swap = _slot_swap(cached_tokens, query_tokens, lambda t: any(c.isdigit() for c in t))
-        if swap:
-            return "numbers", " <-> ".join(swap)
-    if settings.negation:
-        if negations(cached) != negations(query):
-            return "negation", "not"
-        # An opposite counts only against its counterpart: "attract more girls" and
-        # "attract girls" ask the same; "more" against "less" does not.
-        only_cached, only_query = (
-            set(cached_words) - set(query_words),
-            set(query_words) - set(cached_words),
-        )
-        for word in sorted(only_cached):
-            opposite = _OPPOSITE_OF.get(word)
-            if opposite is not None and opposite in only_query:
-                return "negation", f"{word} <-> {opposite}"
-    if settings.entities:
-        missing = _missing_entity(cached, query) or _missing_entity(query, cached)
-        if missing:
-            return "entities", missing
-        # "Is Paris bigger than London?" is not "Is London bigger than Paris?".
-        named = set(entities(cached) + entities(query))
-        swap = _slot_swap(
-            cached_tokens, query_tokens, lambda t: any(p in named for p in t.split("_"))
-        )
-        if swap:
-            return "entities", " <-> ".join(swap)
-    if settings.order:
-        swap = _slot_swap(cached_tokens, query_tokens, _is_content) or _aligned_swap(
-            cached_words, query_words
-        )
-        if swap:
-            return "order", " <-> ".join(swap)
-    if settings.substitution:
-        changed = _substituted(cached_words, query_words)
-        if changed:
-            return "substitution", " -> ".join(changed)
+    pair = _Pair(cached, query, _tokens(cached), _tokens(query), _words(cached), _words(query))
+    guards: tuple[tuple[str, bool, Callable[[_Pair], str | None]], ...] = (
+        ("numbers", settings.numbers, _numbers_differ),
+        ("negation", settings.negation, _negation_differs),
+        ("entities", settings.entities, _entities_differ),
+        ("order", settings.order, _order_differs),
+        ("substitution", settings.substitution, _word_substituted),
+    )
+    for guard, enabled, check in guards:
+        if enabled and (words := check(pair)) is not None:
+            return guard, words
     return None
+
+
+class _Pair(NamedTuple):
+    """A cached prompt and a query, read once for every guard."""
+
+    cached: str
+    query: str
+    cached_tokens: list[str]
+    query_tokens: list[str]
+    cached_words: list[str]
+    query_words: list[str]
+
+
+def _numbers_differ(pair: _Pair) -> str | None:
+    mine, theirs = Counter(numbers(pair.cached)), Counter(numbers(pair.query))
+    if mine != theirs:
+        return " ".join(sorted((mine - theirs) + (theirs - mine)))
+    # "6 divided by 3" is not "3 divided by 6".
+    swap = _slot_swap(pair.cached_tokens, pair.query_tokens, lambda t: any(c.isdigit() for c in t))
+    return " <-> ".join(swap) if swap else None
+
+
+def _negation_differs(pair: _Pair) -> str | None:
+    if negations(pair.cached) != negations(pair.query):
+        return "not"
+    # An opposite counts only against its counterpart: "attract more girls" and
+    # "attract girls" ask the same; "more" against "less" does not.
+    only_cached = set(pair.cached_words) - set(pair.query_words)
+    only_query = set(pair.query_words) - set(pair.cached_words)
+    for word in sorted(only_cached):
+        opposite = _OPPOSITE_OF.get(word)
+        if opposite is not None and opposite in only_query:
+            return f"{word} <-> {opposite}"
+    return None
+
+
+def _entities_differ(pair: _Pair) -> str | None:
+    missing = _missing_entity(pair.cached, pair.query) or _missing_entity(pair.query, pair.cached)
+    if missing:
+        return missing
+    # "Is Paris bigger than London?" is not "Is London bigger than Paris?".
+    named = set(entities(pair.cached) + entities(pair.query))
+    swap = _slot_swap(
+        pair.cached_tokens, pair.query_tokens, lambda t: any(p in named for p in t.split("_"))
+    )
+    return " <-> ".join(swap) if swap else None
+
+
+def _order_differs(pair: _Pair) -> str | None:
+    swap = _slot_swap(pair.cached_tokens, pair.query_tokens, _is_content) or _aligned_swap(
+        pair.cached_words, pair.query_words
+    )
+    return " <-> ".join(swap) if swap else None
+
+
+def _word_substituted(pair: _Pair) -> str | None:
+    changed = _substituted(pair.cached_words, pair.query_words)
+    return " -> ".join(changed) if changed else None
 
 
 def veto(cached: str, query: str, settings: GuardSettings) -> str | None:

@@ -205,6 +205,16 @@ class GatewayConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
             raise ValueError("at least one engine is required")
         if AUTO_MODEL in self.engines:
             raise ValueError(f"engines.{AUTO_MODEL}: the name is reserved for routed requests")
+        self._check_engine_references()
+        if self.loop is not None and self.router is None:
+            raise ValueError("loop: needs a router, which decides what is hard")
+        self._check_tenant_names()
+        self._check_deadline_tiers()
+        if self.server.default_max_tokens > self.server.max_tokens_cap:
+            raise ValueError("server.default_max_tokens must not exceed server.max_tokens_cap")
+
+    def _check_engine_references(self) -> None:
+        """The router's tiers and each engine's fallback name engines that exist."""
         if self.router is not None:
             for tier in (self.router.small_engine, self.router.large_engine):
                 if tier not in self.engines:
@@ -214,13 +224,8 @@ class GatewayConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
                 raise ValueError(f"engines.{name}.fallback: {engine.fallback!r} is not an engine")
             if engine.fallback == name:
                 raise ValueError(f"engines.{name}.fallback: an engine cannot be its own fallback")
-        if self.loop is not None and self.router is None:
-            raise ValueError("loop: needs a router, which decides what is hard")
-        tiers = [("sla.deadline_ms", t) for t in self.sla.deadline_ms] + [
-            (f"tenants.{name}.deadline_ms", t)
-            for name, tenant in self.tenants.items()
-            for t in tenant.deadline_ms
-        ]
+
+    def _check_tenant_names(self) -> None:
         # A tenant begins each cache namespace key (tenant:model:...): a colon in its
         # name could make two tenants' keys meet.
         tenant_names = [(f"tenants.{name}", name) for name in self.tenants] + [
@@ -231,11 +236,17 @@ class GatewayConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
                 raise ValueError(
                     f"{where}: tenant {name!r} must be letters, digits, '_', '-' or '.'"
                 )
+
+    def _check_deadline_tiers(self) -> None:
+        """Every deadline, the SLA's and each tenant's, is for an engine that exists."""
+        tiers = [("sla.deadline_ms", t) for t in self.sla.deadline_ms] + [
+            (f"tenants.{name}.deadline_ms", t)
+            for name, tenant in self.tenants.items()
+            for t in tenant.deadline_ms
+        ]
         for where, tier in tiers:
             if tier not in self.engines:
                 raise ValueError(f"{where}: {tier!r} is not an engine under engines")
-        if self.server.default_max_tokens > self.server.max_tokens_cap:
-            raise ValueError("server.default_max_tokens must not exceed server.max_tokens_cap")
 
     def tenant(self, name: str) -> TenantSettings:
         """The overrides of tenant ``name``; none for a tenant the config does not list."""

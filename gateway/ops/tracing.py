@@ -24,9 +24,9 @@ from gateway.ops.logs import request_id
 from gateway.pipeline.outcome import Decision
 
 if TYPE_CHECKING:
-    from litestar.types import ASGIApp, Message, Receive, Scope, Send
+    from litestar.types import ASGIApp, HTTPScope, Message, Receive, Scope, Send
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.trace import Span, Tracer
+    from opentelemetry.trace import Span, Status, Tracer
 
 
 # The standard variables that turn tracing on when the config has no `telemetry`.
@@ -118,28 +118,13 @@ def server_spans(app: ASGIApp, tracer: Tracer) -> ASGIApp:
             await app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        method = scope["method"]
-        attributes: dict[str, str | int] = {
-            "http.request.method": method,
-            "url.path": scope["path"],
-            "url.scheme": scope["scheme"],
-            "network.protocol.version": scope["http_version"],
-        }
-        if "user-agent" in headers:
-            attributes["user_agent.original"] = headers["user-agent"]
-        client = scope.get("client")
-        if client:
-            attributes["client.address"] = client[0]
-        rid = request_id.get()
-        if rid is not None:
-            attributes["satisfice.request_id"] = rid
         # Named by method until the route is known: a path nothing serves would make
         # one span name per typo.
         span = tracer.start_span(
-            method,
+            scope["method"],
             context=propagator.extract(headers),
             kind=trace.SpanKind.SERVER,
-            attributes=attributes,
+            attributes=_request_attributes(scope, headers),
         )
         status: int | None = None
 
@@ -161,15 +146,40 @@ def server_spans(app: ASGIApp, tracer: Tracer) -> ASGIApp:
         finally:
             _request_span.reset(span_token)
             context.detach(otel_token)
-            route = _route_of(scope)
-            if route is not None:
-                span.set_attribute("http.route", route)
-                span.update_name(f"{method} {route}")
-            if status is not None and status >= 500:
-                span.set_status(error)
-            span.end()
+            _end(span, scope, status, error)
 
     return traced
+
+
+def _request_attributes(scope: HTTPScope, headers: Mapping[str, str]) -> dict[str, str | int]:
+    """The request's attributes, named as OpenTelemetry's HTTP conventions name them."""
+    attributes: dict[str, str | int] = {
+        "http.request.method": scope["method"],
+        "url.path": scope["path"],
+        "url.scheme": scope["scheme"],
+        "network.protocol.version": scope["http_version"],
+    }
+    if "user-agent" in headers:
+        attributes["user_agent.original"] = headers["user-agent"]
+    client = scope.get("client")
+    if client:
+        attributes["client.address"] = client[0]
+    rid = request_id.get()
+    if rid is not None:
+        attributes["satisfice.request_id"] = rid
+    return attributes
+
+
+def _end(span: Span, scope: HTTPScope, status: int | None, error: Status) -> None:
+    """The response has gone: the span is named by its route, marked if the server
+    failed, and ended."""
+    route = _route_of(scope)
+    if route is not None:
+        span.set_attribute("http.route", route)
+        span.update_name(f"{scope['method']} {route}")
+    if status is not None and status >= 500:
+        span.set_status(error)
+    span.end()
 
 
 def _route_of(scope: Scope) -> str | None:
