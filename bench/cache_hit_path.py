@@ -36,6 +36,7 @@ import uuid
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import TypedDict
 
 import httpx
 import msgspec
@@ -108,8 +109,8 @@ def reworded(prompt: str) -> str:
 
 
 async def open_cache(prefix: str) -> SemanticCache:
-    settings = CacheSettings(store=RedisStoreSettings(url=REDIS_URL, key_prefix=prefix))
-    cache = SemanticCache(settings, RedisStore(settings.store))  # type: ignore[arg-type]
+    store = RedisStoreSettings(url=REDIS_URL, key_prefix=prefix)
+    cache = SemanticCache(CacheSettings(store=store), RedisStore(store))
     await cache.start()
     return cache
 
@@ -188,9 +189,20 @@ class Gateway:
         self.process.wait(timeout=30)
 
 
+class LoadResult(TypedDict):
+    clients: int
+    requests: int
+    offered_per_s: float | None
+    per_s: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    sources: dict[str, int]  # responses by x-satisfice-cache, or by status without one
+
+
 async def load(
     url: str, prompts: list[str], clients: int, requests: int, rate: float | None = None
-) -> dict[str, object]:
+) -> LoadResult:
     """``clients`` workers on their own connections until ``requests`` have been sent.
     Closed loop (each sends its next request when its last one answers) without a
     ``rate``; with one, each worker keeps to its share of ``rate`` requests/s, so the
@@ -232,16 +244,20 @@ async def load(
     }
 
 
-def _run_load(*args: object) -> dict[str, object]:
-    return asyncio.run(load(*args))  # type: ignore[arg-type]
+def _run_load(
+    url: str, prompts: list[str], clients: int, requests: int, rate: float | None
+) -> LoadResult:
+    return asyncio.run(load(url, prompts, clients, requests, rate))
 
 
-def load_in_fresh_process(*args: object) -> dict[str, object]:
+def load_in_fresh_process(
+    url: str, prompts: list[str], clients: int, requests: int, rate: float | None = None
+) -> LoadResult:
     """The load generator in a new process, as a product backend would be: this one
     has loaded torch and holds the vectors, and measured up to 5x slower clients."""
     spawn = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(1, mp_context=spawn) as pool:
-        return pool.submit(_run_load, *args).result()
+        return pool.submit(_run_load, url, prompts, clients, requests, rate).result()
 
 
 async def main() -> None:
@@ -258,25 +274,49 @@ async def main() -> None:
 
     prompts = questions(args.entries)
     assert len(prompts) == args.entries, f"only {len(prompts)} distinct questions"
+    await warmup_throughput(report, prompts, args.warmup_sample)
+    prefix = f"bench-hits-{uuid.uuid4().hex[:8]}"
+    added = await warm_into_redis(report, prompts, prefix, out)
+    full = gateways_memory(report, prefix, out, added)
+    try:
+        report["latency"] = hit_latency(full.url, prompts, args.clients, args.requests)
+        report["rss_mib_after_load"] = rss_mib(full.process.pid)
+    finally:
+        full.stop()
+        cleanup = await open_cache(prefix)
+        await cleanup.invalidate(None)
+        await cleanup.close()
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text)
+
+
+async def warmup_throughput(report: dict[str, object], prompts: list[str], sample: int) -> None:
+    """1. The warm-up against the embedder's raw throughput, on ``sample`` prompts."""
     embedder = Embedder(EmbedderSettings())
     await embedder.start()
-
-    if args.warmup_sample:
+    if sample:
         print("warm-up throughput ...", file=sys.stderr)
-        sample = random.Random(0).sample(prompts, args.warmup_sample)
-        report["warmup"] = await warmup_ratio(embedder, sample, rounds=3)
+        chosen = random.Random(0).sample(prompts, sample)
+        report["warmup"] = await warmup_ratio(embedder, chosen, rounds=3)
         print(json.dumps(report["warmup"]), file=sys.stderr)
     await embedder.close()
 
-    # The large warm-up below is about Redis and the index, not the embedder (measured
-    # above): its vectors are computed once, with every core, and kept for reruns.
+
+async def warm_into_redis(
+    report: dict[str, object], prompts: list[str], prefix: str, out: Path
+) -> int:
+    """2. Every prompt warmed into Redis under ``prefix``, and Redis's memory for them;
+    the entries added."""
+    # This warm-up is about Redis and the index, not the embedder (measured in 1): its
+    # vectors are computed once, with every core, and kept for reruns.
     vectors = embeddings(prompts, out / f"qqp_{len(prompts)}_vectors.npy")
     by_prompt = {p: i for i, p in enumerate(prompts)}
 
     async def known(texts: Sequence[str]) -> Vectors:
         return vectors[[by_prompt[t] for t in texts]]
 
-    prefix = f"bench-hits-{uuid.uuid4().hex[:8]}"
     print(f"warming {len(prompts)} entries into Redis ({prefix}) ...", file=sys.stderr)
     before = redis_used_bytes()
     cache = await open_cache(prefix)
@@ -297,44 +337,45 @@ async def main() -> None:
         redis_used_bytes() - before - (stream or 0)
     ) / warmed.added
     print(json.dumps(report), file=sys.stderr)
+    return warmed.added
 
+
+def gateways_memory(report: dict[str, object], prefix: str, out: Path, added: int) -> Gateway:
+    """3. A gateway on an empty prefix and one on the warmed ``prefix``: the process's
+    memory for the entries. The second one, ready and still running."""
     empty = Gateway(f"bench-empty-{uuid.uuid4().hex[:8]}", out)
     empty.wait_ready()
     empty_rss = rss_mib(empty.process.pid)
     empty.stop()
     full = Gateway(prefix, out)
     report["ready_s_with_entries"] = full.wait_ready()
+    full_rss = rss_mib(full.process.pid)
     report["rss_mib_empty"] = empty_rss
-    report["rss_mib_with_entries"] = rss_mib(full.process.pid)
-    report["process_mib_per_100k"] = (
-        (report["rss_mib_with_entries"] - empty_rss) * 100_000 / warmed.added  # type: ignore[operator]
-    )
-    try:
-        rng = random.Random(1)
-        exact = [p.lower() for p in rng.sample(prompts, min(len(prompts), args.requests))]
-        semantic = [reworded(p) for p in rng.sample(prompts, min(len(prompts), args.requests))]
-        phases = {}
-        for name, queries in (("exact", exact), ("semantic", semantic)):
-            print(f"{name} hits ...", file=sys.stderr)
-            load_in_fresh_process(full.url, queries, 4, 200)  # warm connections and code
-            one = load_in_fresh_process(full.url, queries, 1, min(500, args.requests))
-            saturated = load_in_fresh_process(full.url, queries, args.clients, args.requests)
-            # The same clients offering half of what saturated them.
-            rate = 0.5 * float(saturated["per_s"])  # type: ignore[arg-type]
-            half = load_in_fresh_process(full.url, queries, args.clients, args.requests, rate)
-            phases[name] = {"one_client": one, "saturated": saturated, "half_load": half}
-            print(json.dumps(phases[name]), file=sys.stderr)
-        report["latency"] = phases
-        report["rss_mib_after_load"] = rss_mib(full.process.pid)
-    finally:
-        full.stop()
-        cleanup = await open_cache(prefix)
-        await cleanup.invalidate(None)
-        await cleanup.close()
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text)
+    report["rss_mib_with_entries"] = full_rss
+    report["process_mib_per_100k"] = (full_rss - empty_rss) * 100_000 / added
+    return full
+
+
+def hit_latency(
+    url: str, prompts: list[str], clients: int, requests: int
+) -> dict[str, dict[str, LoadResult]]:
+    """4. Exact and semantic hits: one client, ``clients`` saturating the gateway, and
+    ``clients`` offering half that throughput."""
+    rng = random.Random(1)
+    exact = [p.lower() for p in rng.sample(prompts, min(len(prompts), requests))]
+    semantic = [reworded(p) for p in rng.sample(prompts, min(len(prompts), requests))]
+    phases = {}
+    for name, queries in (("exact", exact), ("semantic", semantic)):
+        print(f"{name} hits ...", file=sys.stderr)
+        load_in_fresh_process(url, queries, 4, 200)  # warm connections and code
+        one = load_in_fresh_process(url, queries, 1, min(500, requests))
+        saturated = load_in_fresh_process(url, queries, clients, requests)
+        # The same clients offering half of what saturated them.
+        rate = 0.5 * saturated["per_s"]
+        half = load_in_fresh_process(url, queries, clients, requests, rate)
+        phases[name] = {"one_client": one, "saturated": saturated, "half_load": half}
+        print(json.dumps(phases[name]), file=sys.stderr)
+    return phases
 
 
 if __name__ == "__main__":

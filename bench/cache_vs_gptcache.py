@@ -52,8 +52,15 @@ from pathlib import Path
 from typing import Any
 
 import faiss
+import gptcache.utils
 import numpy as np
 import numpy.typing as npt
+from gptcache import Cache, Config
+from gptcache.adapter.api import get, put
+from gptcache.manager import VectorBase, get_data_manager
+from gptcache.manager.scalar_data.base import CacheData, CacheStorage
+from gptcache.processor.pre import get_prompt
+from gptcache.similarity_evaluation.distance import SearchDistanceEvaluation
 
 from cache.entry import normalise
 from cache.guards import veto
@@ -190,106 +197,105 @@ def ours(pairs: list[Pair], embedder: MemoEmbedder, settings: CacheSettings) -> 
     }
 
 
+class MemoryStorage(CacheStorage):  # type: ignore[misc]  # GPTCache has no types
+    """GPTCache's scalar store contract, in a dict."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, CacheData] = {}
+
+    def create(self) -> None:
+        pass
+
+    def batch_insert(self, all_data: list[CacheData]) -> list[int]:
+        ids = list(range(len(self.rows) + 1, len(self.rows) + 1 + len(all_data)))
+        self.rows.update(zip(ids, all_data, strict=True))
+        return ids
+
+    def get_data_by_id(self, key: int) -> CacheData | None:
+        return self.rows.get(int(key))
+
+    def mark_deleted(self, keys: list[int]) -> None:
+        for key in keys:
+            self.rows.pop(int(key), None)
+
+    def clear_deleted_data(self) -> None:
+        pass
+
+    def get_ids(self, deleted: bool = True) -> list[int]:
+        return [] if deleted else list(self.rows)
+
+    def count(self, state: int = 0, is_all: bool = False) -> int:
+        return len(self.rows)
+
+    def add_session(self, question_id: int, session_id: str, session_question: str) -> None:
+        pass
+
+    def list_sessions(self, session_id: str | None = None, key: int | None = None) -> list[Any]:
+        return []
+
+    def delete_session(self, keys: list[int]) -> None:
+        pass
+
+    def report_cache(self, *args: object) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class Recording(SearchDistanceEvaluation):  # type: ignore[misc]  # GPTCache has no types
+    """GPTCache's own score, remembered so one pass gives every threshold."""
+
+    best = -np.inf
+
+    def evaluation(self, src_dict: Any, cache_dict: Any, **kwargs: Any) -> float:
+        score = float(super().evaluation(src_dict, cache_dict, **kwargs))
+        self.best = max(self.best, score)
+        return score
+
+
+def _refuse_install(package: str, warn: bool = False) -> None:
+    raise RuntimeError(f"GPTCache tried to pip install {package!r}; refused")
+
+
+def gptcache_warmed(
+    embedder: MemoEmbedder, warm: list[str], folder: str, threshold: float
+) -> tuple[Any, Recording]:
+    """A GPTCache at ``threshold`` holding every prompt of ``warm``, each answered by
+    its index, and the evaluation that records its scores."""
+    evaluation = Recording()
+    cache = Cache()
+    cache.init(
+        pre_embedding_func=get_prompt,
+        embedding_func=lambda text, **_: embedder.memo[text],
+        data_manager=get_data_manager(
+            cache_base=MemoryStorage(),
+            vector_base=VectorBase(
+                "faiss",
+                dimension=embedder.dim,
+                index_path=str(Path(folder) / f"faiss-{threshold}.index"),
+            ),
+            max_size=len(warm) + 1,
+        ),
+        similarity_evaluation=evaluation,
+        config=Config(similarity_threshold=threshold, auto_flush=len(warm) + 1),
+    )
+    for n, prompt in enumerate(warm):
+        put(prompt, str(n), cache_obj=cache)
+    return cache, evaluation
+
+
 def gptcache_run(
     pairs: list[Pair], embedder: MemoEmbedder, check_at: Sequence[float], check_limit: int
 ) -> dict[str, Any]:
-    import gptcache.utils
-    from gptcache import Cache, Config
-    from gptcache.adapter.api import get, put
-    from gptcache.manager import VectorBase, get_data_manager
-    from gptcache.manager.scalar_data.base import CacheData, CacheStorage
-    from gptcache.processor.pre import get_prompt
-    from gptcache.similarity_evaluation.distance import SearchDistanceEvaluation
-
-    def refuse(package: str, warn: bool = False) -> None:
-        raise RuntimeError(f"GPTCache tried to pip install {package!r}; refused")
-
-    gptcache.utils.prompt_install = refuse  # its import helpers call this by that name
-
-    class MemoryStorage(CacheStorage):  # type: ignore[misc]
-        """GPTCache's scalar store contract, in a dict."""
-
-        def __init__(self) -> None:
-            self.rows: dict[int, CacheData] = {}
-
-        def create(self) -> None:
-            pass
-
-        def batch_insert(self, all_data: list[CacheData]) -> list[int]:
-            ids = list(range(len(self.rows) + 1, len(self.rows) + 1 + len(all_data)))
-            self.rows.update(zip(ids, all_data, strict=True))
-            return ids
-
-        def get_data_by_id(self, key: int) -> CacheData | None:
-            return self.rows.get(int(key))
-
-        def mark_deleted(self, keys: list[int]) -> None:
-            for key in keys:
-                self.rows.pop(int(key), None)
-
-        def clear_deleted_data(self) -> None:
-            pass
-
-        def get_ids(self, deleted: bool = True) -> list[int]:
-            return [] if deleted else list(self.rows)
-
-        def count(self, state: int = 0, is_all: bool = False) -> int:
-            return len(self.rows)
-
-        def add_session(self, question_id: int, session_id: str, session_question: str) -> None:
-            pass
-
-        def list_sessions(self, session_id: str | None = None, key: int | None = None) -> list[Any]:
-            return []
-
-        def delete_session(self, keys: list[int]) -> None:
-            pass
-
-        def report_cache(self, *args: object) -> None:
-            pass
-
-        def close(self) -> None:
-            pass
-
-    class Recording(SearchDistanceEvaluation):  # type: ignore[misc]
-        """GPTCache's own score, remembered so one pass gives every threshold."""
-
-        best = -np.inf
-
-        def evaluation(self, src_dict: Any, cache_dict: Any, **kwargs: Any) -> float:
-            score = float(super().evaluation(src_dict, cache_dict, **kwargs))
-            self.best = max(self.best, score)
-            return score
-
+    gptcache.utils.prompt_install = _refuse_install  # its import helpers call this by that name
     warm = list(dict.fromkeys(p.a for p in pairs))
     folder = tempfile.mkdtemp(prefix="gptcache-")
     # GPTCache writes its FAISS index at exit; registered first, this removal runs last.
     atexit.register(shutil.rmtree, folder, True)
 
-    def build(threshold: float) -> tuple[Any, Any]:
-        evaluation = Recording()
-        cache = Cache()
-        cache.init(
-            pre_embedding_func=get_prompt,
-            embedding_func=lambda text, **_: embedder.memo[text],
-            data_manager=get_data_manager(
-                cache_base=MemoryStorage(),
-                vector_base=VectorBase(
-                    "faiss",
-                    dimension=embedder.dim,
-                    index_path=str(Path(folder) / f"faiss-{threshold}.index"),
-                ),
-                max_size=len(warm) + 1,
-            ),
-            similarity_evaluation=evaluation,
-            config=Config(similarity_threshold=threshold, auto_flush=len(warm) + 1),
-        )
-        for n, prompt in enumerate(warm):
-            put(prompt, str(n), cache_obj=cache)
-        return cache, evaluation
-
     started = time.perf_counter()
-    cache, evaluation = build(0.0)
+    cache, evaluation = gptcache_warmed(embedder, warm, folder, 0.0)
     warmed_s = time.perf_counter() - started
     score = np.full(len(pairs), -np.inf)
     served: list[str | None] = [None] * len(pairs)
@@ -302,7 +308,7 @@ def gptcache_run(
     # Real lookups at other thresholds must agree with the one-pass derivation.
     checks = []
     for threshold in check_at:
-        other, _ = build(threshold)
+        other, _ = gptcache_warmed(embedder, warm, folder, threshold)
         sample = range(min(check_limit, len(pairs)))
         got = [get(pairs[i].b, cache_obj=other) for i in sample]
         derived = [score[i] >= threshold for i in sample]
@@ -447,8 +453,6 @@ def main() -> None:
     # GPTCache thresholds from cosine 0.80 to 1.00 in steps of 0.005.
     grid = [round(0.9 + 0.0025 * k, 4) for k in range(41)]
     cosines = [round(0.8 + 0.005 * k, 4) for k in range(41)]
-    import gptcache
-
     report: dict[str, Any] = {
         "pairs": len(pairs),
         "file": Path(args.pairs).name,

@@ -116,59 +116,9 @@ def test_engine_server_killed_and_restarted(tmp_path: Path, models_dir: Path) ->
             assert answered.headers["x-satisfice-engine"] == model
             assert "x-satisfice-failover" not in answered.headers
 
-        # Killed mid-stream: the stream ends at once with an error event, no hang.
-        killed_at = None
-        events: list[str] = []
-        body = {"model": "bare", "messages": STORY, "max_tokens": 400, "stream": True}
-        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=30) as live:
-            for line in live.iter_lines():
-                if line.startswith("data:"):
-                    events.append(line)
-                if len(events) == 3 and killed_at is None:
-                    server.kill()
-                    killed_at = time.monotonic()
-        server.wait()
-        assert killed_at is not None and time.monotonic() - killed_at < 5
-        assert '"error"' in events[-1] and "data: [DONE]" not in events
-
-        # Without a fallback: a fast 503 in OpenAI's shape; after 3 failures (the
-        # broken stream was one) the breaker answers without touching the server.
-        refusals = []
-        for _ in range(4):
-            asked = time.monotonic()
-            refused = chat(url, "bare")
-            refusals.append((time.monotonic() - asked, refused.json()["error"]))
-            assert refused.status_code == 503 and "retry-after" in refused.headers
-        assert all(seconds < 2 for seconds, _ in refusals)
-        assert all(e["code"] == "engine_unavailable" for _, e in refusals)
-        assert "cannot connect" in refusals[0][1]["message"]
-        assert all("circuit open, retry in" in e["message"] for _, e in refusals[2:])
-        assert metric(url, "satisfice_engine_breaker_open", engine="bare") == 1
-        print(f"\nrefused: connect error {refusals[0][0] * 1000:.0f} ms, "
-              f"breaker open {refusals[-1][0] * 1000:.0f} ms")  # fmt: skip
-
-        # With a fallback: answered by the bundled model, and the response says so,
-        # streamed or not, before and after the remote's breaker opens; the same
-        # question twice is answered twice: the stand-in's answer was not cached.
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-        for stream in (False, True, False, True):
-            if stream:
-                answered = chat(url, "remote", stream=True)
-                headers, text = dict(answered.headers), sse_text(answered.text)
-            else:
-                raw = client.chat.completions.with_raw_response.create(
-                    model="remote",
-                    messages=[{"role": "user", "content": "What is 2+2? Only the number."}],
-                    max_tokens=96,  # a whole answer: one cut short would not be cached
-                    temperature=0,
-                )
-                headers, text = dict(raw.headers), raw.parse().choices[0].message.content or ""
-            assert headers["x-satisfice-engine"] == "small"
-            assert headers["x-satisfice-failover"] == "remote"
-            assert text.strip()
-        assert metric(url, "satisfice_engine_breaker_open", engine="remote") == 1
-        assert metric(url, "satisfice_engine_failovers_total", engine="remote") == 4
-        assert metric(url, "satisfice_engine_failovers_total", engine="bare") == 0
+        killed_mid_stream(url, server)
+        refused_fast_then_by_the_breaker(url)
+        answered_by_the_fallback(url)
 
         # Back on the same port: the gateway recovers by itself within open_s.
         server = llama_server(port, models_dir)
@@ -181,6 +131,66 @@ def test_engine_server_killed_and_restarted(tmp_path: Path, models_dir: Path) ->
     finally:
         stop(gateway)
         stop(server)
+
+
+def killed_mid_stream(url: str, server: subprocess.Popen[bytes]) -> None:
+    """Killed mid-stream: the stream ends at once with an error event, no hang."""
+    killed_at = None
+    events: list[str] = []
+    body = {"model": "bare", "messages": STORY, "max_tokens": 400, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=30) as live:
+        for line in live.iter_lines():
+            if line.startswith("data:"):
+                events.append(line)
+            if len(events) == 3 and killed_at is None:
+                server.kill()
+                killed_at = time.monotonic()
+    server.wait()
+    assert killed_at is not None and time.monotonic() - killed_at < 5
+    assert '"error"' in events[-1] and "data: [DONE]" not in events
+
+
+def refused_fast_then_by_the_breaker(url: str) -> None:
+    """Without a fallback: a fast 503 in OpenAI's shape; after 3 failures (the broken
+    stream was one) the breaker answers without touching the server."""
+    refusals = []
+    for _ in range(4):
+        asked = time.monotonic()
+        refused = chat(url, "bare")
+        refusals.append((time.monotonic() - asked, refused.json()["error"]))
+        assert refused.status_code == 503 and "retry-after" in refused.headers
+    assert all(seconds < 2 for seconds, _ in refusals)
+    assert all(e["code"] == "engine_unavailable" for _, e in refusals)
+    assert "cannot connect" in refusals[0][1]["message"]
+    assert all("circuit open, retry in" in e["message"] for _, e in refusals[2:])
+    assert metric(url, "satisfice_engine_breaker_open", engine="bare") == 1
+    print(f"\nrefused: connect error {refusals[0][0] * 1000:.0f} ms, "
+          f"breaker open {refusals[-1][0] * 1000:.0f} ms")  # fmt: skip
+
+
+def answered_by_the_fallback(url: str) -> None:
+    """With a fallback: answered by the bundled model, and the response says so,
+    streamed or not, before and after the remote's breaker opens; the same question
+    twice is answered twice: the stand-in's answer was not cached."""
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    for stream in (False, True, False, True):
+        if stream:
+            answered = chat(url, "remote", stream=True)
+            headers, text = dict(answered.headers), sse_text(answered.text)
+        else:
+            raw = client.chat.completions.with_raw_response.create(
+                model="remote",
+                messages=[{"role": "user", "content": "What is 2+2? Only the number."}],
+                max_tokens=96,  # a whole answer: one cut short would not be cached
+                temperature=0,
+            )
+            headers, text = dict(raw.headers), raw.parse().choices[0].message.content or ""
+        assert headers["x-satisfice-engine"] == "small"
+        assert headers["x-satisfice-failover"] == "remote"
+        assert text.strip()
+    assert metric(url, "satisfice_engine_breaker_open", engine="remote") == 1
+    assert metric(url, "satisfice_engine_failovers_total", engine="remote") == 4
+    assert metric(url, "satisfice_engine_failovers_total", engine="bare") == 0
 
 
 # What an entry says. A write-back of an outage's miss may land after Redis is back
