@@ -16,11 +16,18 @@ import json
 import random
 import subprocess
 from pathlib import Path
+from typing import TypedDict
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _qqp(data: Path) -> list[dict[str, object]]:
+class PairLine(TypedDict):
+    a: str
+    b: str
+    label: int  # 1: the two ask the same
+
+
+def _qqp(data: Path) -> list[PairLine]:
     raw = subprocess.run(
         ["tar", "xzOf", str(data / "gptcache_qqp" / "similiar_qqp_full.json.gz")],
         capture_output=True,
@@ -29,13 +36,13 @@ def _qqp(data: Path) -> list[dict[str, object]]:
     return [{"a": p["text_a"], "b": p["text_b"], "label": int(p["label"])} for p in json.loads(raw)]
 
 
-def _paws(data: Path) -> list[dict[str, object]]:
+def _paws(data: Path) -> list[PairLine]:
     with (data / "paws_wiki" / "test.tsv").open(newline="") as file:
         rows = csv.reader(file, delimiter="\t", quoting=csv.QUOTE_NONE)
         return [{"a": r[1], "b": r[2], "label": int(r[3])} for r in rows if len(r) == 4]
 
 
-def _mock(data: Path) -> list[dict[str, object]]:
+def _mock(data: Path) -> list[PairLine]:
     pairs = json.loads((data / "gptcache_mock" / "mock_data.json").read_text())
     return [{"a": p["origin"], "b": p["similar"], "label": 1} for p in pairs]
 
@@ -55,7 +62,7 @@ def main() -> None:
     if args.limit and args.limit < len(pairs):
         pairs = random.Random(args.seed).sample(pairs, args.limit)
     args.out.write_text("".join(json.dumps(p) + "\n" for p in pairs))
-    positives = sum(int(p["label"]) for p in pairs)  # type: ignore[call-overload]
+    positives = sum(p["label"] for p in pairs)
     print(f"{args.source}: {len(pairs)} pairs ({positives} duplicates) -> {args.out}")
 
 

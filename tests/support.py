@@ -112,7 +112,8 @@ def start_gateway(
 
 def config_file(process: subprocess.Popen[bytes]) -> Path:
     """The --config file of a gateway that start_gateway started."""
-    args = [str(arg) for arg in process.args]  # type: ignore[union-attr]
+    assert isinstance(process.args, list)  # start_gateway starts it with a list
+    args = [str(arg) for arg in process.args]
     return Path(args[args.index("--config") + 1])
 
 

@@ -9,7 +9,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypedDict, Unpack
+from typing import Any, TypedDict, Unpack
 
 import httpx
 import openai
@@ -85,6 +85,12 @@ def ask(url: str, prompt: str, **extra: Unpack[Options]) -> tuple[str, dict[str,
     return raw.parse().choices[0].message.content or "", dict(raw.headers)
 
 
+def error_body(error: openai.APIStatusError) -> dict[str, Any]:
+    """The error object of an error response, as the openai client read it."""
+    assert isinstance(error.body, dict)
+    return error.body
+
+
 def admin(url: str) -> httpx.Client:
     return httpx.Client(base_url=url, headers={"authorization": f"Bearer {ADMIN_KEY}"})
 
@@ -126,7 +132,7 @@ def test_only_if_cached_never_generates(cached_url: str) -> None:
     with pytest.raises(openai.APIStatusError) as error:
         ask(cached_url, unique("What is the tallest mountain?"), extra_headers=only_cached)
     assert error.value.status_code == 504
-    assert error.value.body["code"] == "cache_miss"  # type: ignore[index]
+    assert error_body(error.value)["code"] == "cache_miss"
     ask(cached_url, "What is 15% of 80?")
     _, headers = ask(cached_url, "What is 15% of 80?", extra_headers=only_cached)
     assert headers["x-satisfice-cache"] == "exact"
@@ -147,8 +153,8 @@ def test_headers_bypass_lookup_and_storing(cached_url: str) -> None:
 
     with pytest.raises(openai.BadRequestError) as error:
         ask(cached_url, prompt, extra_headers={"x-satisfice-cache": "sometimes"})
-    assert error.value.body["param"] == "x-satisfice-cache"  # type: ignore[index]
-    assert "sometimes" in error.value.body["message"]  # type: ignore[index]
+    assert error_body(error.value)["param"] == "x-satisfice-cache"
+    assert "sometimes" in error_body(error.value)["message"]
 
 
 async def test_concurrent_identical_misses_share_one_engine_call(cached_url: str) -> None:

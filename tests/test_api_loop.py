@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -80,7 +81,8 @@ def test_hard_question_is_answered_by_the_loop(client: openai.OpenAI) -> None:
     choice = completion.choices[0]
     assert choice.finish_reason == "stop" and choice.message.content
     # The decision trace rides along in the body; the openai client keeps extra fields.
-    trace = completion.model_extra["satisfice"]  # type: ignore[index]
+    assert completion.model_extra is not None
+    trace = completion.model_extra["satisfice"]
     assert trace["stop"] == stop_reason and trace["kind"] == "yesno"
     assert len(trace["rounds"]) == rounds
     assert trace["tokens"] == sum(r["tokens"] for r in trace["rounds"]) > 0
@@ -183,7 +185,7 @@ def test_new_turn_stops_the_last_one(loop_url: str) -> None:
         "stream": True,
         "user": "reader-1",
     }
-    events: list[dict[str, object]] = []
+    events: list[dict[str, Any]] = []
     first_seen = threading.Event()
 
     def read_first_turn() -> None:
@@ -208,7 +210,7 @@ def test_new_turn_stops_the_last_one(loop_url: str) -> None:
     stopped_ms = float(second.headers["x-satisfice-superseded-ms"])
     assert 0 <= stopped_ms < 1000
     last = events[-1]
-    assert "error" in last and last["error"]["code"] == "superseded"  # type: ignore[index]
+    assert "error" in last and last["error"]["code"] == "superseded"
 
 
 def test_other_conversations_are_left_alone(loop_url: str) -> None:

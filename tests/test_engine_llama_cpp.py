@@ -7,6 +7,7 @@ import contextlib
 import math
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import llama_cpp
 import pytest
@@ -89,7 +90,7 @@ async def test_stop_sequence_is_cut_and_not_returned(small_engine: LlamaCppEngin
 
 
 async def test_logprobs_match_llama_cpp_full_logits(
-    small_engine: LlamaCppEngine, models_dir: object
+    small_engine: LlamaCppEngine, models_dir: Path
 ) -> None:
     """Our per-step log-softmax equals llama.cpp's own logits_all=True path."""
     params = SamplingParams(max_tokens=8, temperature=0, logprobs=True, top_logprobs=3)
@@ -106,7 +107,7 @@ async def test_logprobs_match_llama_cpp_full_logits(
         assert math.isclose(token.top[0].logprob, token.logprob)
 
     reference = llama_cpp.Llama(
-        model_path=str(model_file(SMOLLM2, models_dir)),  # type: ignore[arg-type]
+        model_path=str(model_file(SMOLLM2, models_dir)),
         n_ctx=512,
         logits_all=True,
         verbose=False,
@@ -192,9 +193,9 @@ async def test_cancellation_stops_within_one_token(small_engine: LlamaCppEngine)
 # Slow: loads a model of its own; overload stays covered by test_api's 429, test_shedding
 # and the admission of every FanOutEngine (test_engine_scripted).
 @pytest.mark.slow
-async def test_full_queue_raises_overload(models_dir: object) -> None:
+async def test_full_queue_raises_overload(models_dir: Path) -> None:
     settings = LlamaCppSettings(model=SMOLLM2, concurrency=1, queue_size=1, retry_after_s=2)
-    engine = LlamaCppEngine("tiny-queue", settings, models_dir)  # type: ignore[arg-type]
+    engine = LlamaCppEngine("tiny-queue", settings, models_dir)
     await engine.start()
     try:
         params = SamplingParams(max_tokens=40, temperature=0)

@@ -12,7 +12,7 @@ import pytest
 from engines.base import Message
 from engines.llama_cpp import LlamaCppEngine
 from evaluator.calibration import Calibrator, calibrator_file, read_calibrator
-from evaluator.loop import FallbackSettings, LoopResult, ReasoningLoop, Thinking
+from evaluator.loop import Fallback, FallbackSettings, LoopResult, ReasoningLoop, Thinking
 from evaluator.policy import LoopSettings
 from evaluator.signals import SignalSettings
 
@@ -72,11 +72,11 @@ async def test_runs_out_of_rounds_then_tokens(large_engine: LlamaCppEngine) -> N
 
 @pytest.mark.parametrize("policy", ["best", "small", "error"])
 async def test_deadline_fallbacks(
-    large_engine: LlamaCppEngine, small_engine: LlamaCppEngine, policy: str
+    large_engine: LlamaCppEngine, small_engine: LlamaCppEngine, policy: Fallback
 ) -> None:
     settings = LoopSettings(branches=2, max_rounds=100, token_budget=100_000)
     loop = ReasoningLoop(large_engine, settings, doubtful(), small=small_engine)
-    fallback = FallbackSettings(policy=policy, hedge=True)  # type: ignore[arg-type]
+    fallback = FallbackSettings(policy=policy, hedge=True)
     started = time.monotonic()
     deadline = started + 2.5
     _, result = await run(loop, deadline=deadline, fallback=fallback)

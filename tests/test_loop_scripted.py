@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import math
 import time
+from typing import TypedDict
 
 import msgspec
 import pytest
@@ -34,16 +35,25 @@ from tests.support import VirtualClock
 QUESTION = [Message("user", "What is 6 * 7?")]
 # Token confidence is the mean of the top-2 log-probs, negated; one group is 4 tokens.
 SIGNALS = SignalSettings(top_k=2, group_window=4)
-SURE = {"logprob": -0.1, "alternatives": (-3.9,)}  # token confidence 2.0
-UNSURE = {"logprob": -0.7, "alternatives": (-0.7,)}  # token confidence 0.7
+
+
+class Confidence(TypedDict):
+    """How sure a scripted token is: its logprob and its alternatives'."""
+
+    logprob: float
+    alternatives: tuple[float, ...]
+
+
+SURE: Confidence = {"logprob": -0.1, "alternatives": (-3.9,)}  # token confidence 2.0
+UNSURE: Confidence = {"logprob": -0.7, "alternatives": (-0.7,)}  # token confidence 0.7
 
 
 def sure(text: str, pace: float = 0.0) -> Script:
-    return script(text, **SURE, seconds_per_token=pace)  # type: ignore[arg-type]
+    return script(text, **SURE, seconds_per_token=pace)
 
 
 def unsure(text: str, pace: float = 0.0) -> Script:
-    return script(text, **UNSURE, seconds_per_token=pace)  # type: ignore[arg-type]
+    return script(text, **UNSURE, seconds_per_token=pace)
 
 
 SAYS_42 = sure("The answer is 42.")  # four tokens

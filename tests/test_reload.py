@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -36,7 +37,9 @@ def config(*, max_messages: int = 8, deadline_ms: int = 60_000, watch: str = "nu
 
 
 class Gateway:
-    def __init__(self, url: str, process: object, path: Path, log: IO[bytes]) -> None:
+    def __init__(
+        self, url: str, process: subprocess.Popen[bytes], path: Path, log: IO[bytes]
+    ) -> None:
         self.url, self.process, self.path, self.log = url, process, path, log
 
     def reloads(self, result: str) -> int:
@@ -48,7 +51,7 @@ class Gateway:
     def rewrite(self, text: str, *, sighup: bool = True) -> None:
         self.path.write_text(text)
         if sighup:
-            self.process.send_signal(signal.SIGHUP)  # type: ignore[attr-defined]
+            self.process.send_signal(signal.SIGHUP)
 
     def wait_for(self, result: str, count: int) -> None:
         deadline = time.monotonic() + 15

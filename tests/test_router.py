@@ -15,7 +15,7 @@ from router.index import VectorIndex
 from router.model_file import RouterFileError, read_router, write_router
 from router.outcomes import Outcome, OutcomeError, read_outcomes
 from router.router import Router
-from router.scorers import fit, scorer_for
+from router.scorers import Kind, fit, scorer_for
 from router.settings import RouterSettings
 
 EASY = ["What is 2+2?", "Say hello.", "What colour is the sky?", "Name a fruit."]
@@ -89,10 +89,10 @@ def test_index_adds_removes_and_switches_to_hnsw(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("kind", ["knn", "logistic"])
-async def test_scorer_separates_easy_from_hard(embedder: Embedder, kind: str) -> None:
+async def test_scorer_separates_easy_from_hard(embedder: Embedder, kind: Kind) -> None:
     data = outcomes()
     prompts = [o.prompt for o in data]
-    model = fit(kind, data, embedder.encode(prompts), embedding=embedder.fingerprint, k=3)  # type: ignore[arg-type]
+    model = fit(kind, data, embedder.encode(prompts), embedding=embedder.fingerprint, k=3)
     scorer = scorer_for(model)
     easy = ["What is 3+3?", "Say goodbye."]
     hard = ["Prove that the square root of 2 is irrational, step by step."]
