@@ -6,13 +6,15 @@ the answer, or with None when it has none (failed, cancelled), in every case, an
 ``end`` it once the answer is where later requests will find it (the cache). The
 others follow: they await the leader's answer, and on None compute their own.
 Requests that arrive between landing and the end get the answer at once, so no
-second engine call starts while the first answer is still being stored.
+second engine call starts while the first answer is still being stored. A leader
+whose own caller has gone may go on for the followers still waiting: ``deserted``
+tells it when the last of them stops waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -23,6 +25,8 @@ class Flight(Generic[T]):
         self._flights = flights
         self._key = key
         self._answer: asyncio.Future[T | None] = asyncio.get_running_loop().create_future()
+        self.followers = 0  # waiting now
+        self._on_deserted: Callable[[], None] | None = None
 
     def land(self, answer: T | None) -> None:
         """Hand the answer to every follower; later calls do nothing."""
@@ -36,8 +40,22 @@ class Flight(Generic[T]):
             del self._flights._flights[self._key]
 
     async def wait(self) -> T | None:
-        # Shielded: a follower that gives up must not cancel the others' answer.
-        return await asyncio.shield(self._answer)
+        self.followers += 1
+        try:
+            # Shielded: a follower that gives up must not cancel the others' answer.
+            return await asyncio.shield(self._answer)
+        finally:
+            self.followers -= 1
+            if not self.followers and not self._answer.done() and self._on_deserted:
+                self._on_deserted()
+
+    def deserted(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once no follower waits for the answer: now, if none does,
+        else when the last one stops waiting before the answer lands."""
+        if self.followers:
+            self._on_deserted = callback
+        else:
+            callback()
 
 
 class Coalescer(Generic[T]):

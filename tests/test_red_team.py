@@ -7,9 +7,12 @@ the cases that held keep holding.
 
 from __future__ import annotations
 
+import json
+import socket
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -205,3 +208,174 @@ async def test_one_user_may_ask_two_questions_at_once(red: Gateway) -> None:
     assert "x-satisfice-superseded-ms" not in second.headers
     assert "data: [DONE]" in rest
     assert not any('"error"' in line for line in rest)
+
+
+# -- 2. abandoned plain requests stop within a token, on every path ------------------
+
+
+def send_raw(
+    red: Gateway, body: dict[str, Any], key: str = KEY_A, headers: dict[str, str] | None = None
+) -> socket.socket:
+    """A plain chat request sent whole on a socket of its own, its answer never read:
+    closing the socket is a client that leaves."""
+    payload = json.dumps(body).encode()
+    lines = [
+        "POST /v1/chat/completions HTTP/1.1",
+        "Host: gateway",
+        f"Authorization: Bearer {key}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(payload)}",
+        *(f"{name}: {value}" for name, value in (headers or {}).items()),
+    ]
+    address = httpx.URL(red.url)
+    sock = socket.create_connection((address.host, address.port or 80))
+    sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + payload)
+    return sock
+
+
+def until(condition: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
+    """Wait for ``condition``, which the gateway's own metrics answer."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting: {what}")
+        time.sleep(0.05)
+
+
+class Engine:
+    """What /metrics says of one engine and of the requests one route answered."""
+
+    def __init__(self, red: Gateway, engine: str, route: str) -> None:
+        self._red, self.engine, self.route = red, engine, route
+
+    def sampled(self) -> float:
+        return self._red.metric("satisfice_engine_sampled_tokens_total", engine=self.engine)
+
+    def busy(self) -> float:
+        return self._red.metric("satisfice_engine_busy_slots", engine=self.engine)
+
+    def waiting(self) -> float:
+        return self._red.metric("satisfice_engine_queue_depth", engine=self.engine)
+
+    def ended(self, status: int) -> float:
+        return self._red.metric("satisfice_requests_total", route=self.route, status=str(status))
+
+    def generating(self, since: float) -> None:
+        until(lambda: self.sampled() > since + 2, f"{self.engine} generating")
+
+    def stops_within_a_token_of(self, gone: int, *, before: float) -> None:
+        """Once the ``gone``-th 499 of the route is counted, at most one more token per
+        slot is sampled, and every slot comes free."""
+        until(lambda: self.ended(499) >= gone, f"{gone} requests of {self.route} ended 499")
+        at_the_end = self.sampled()
+        until(lambda: self.busy() == 0, f"{self.engine}'s slots free")
+        assert self.sampled() - at_the_end <= 1
+        assert self.sampled() - before < 300  # far from the answer's 400 tokens
+
+
+BYPASS = {"x-satisfice-cache": "bypass"}  # no lookup: no identical request to wait for
+
+
+@pytest.mark.parametrize(
+    ("model", "prompt"), [("small", STORY), ("large", COUNTING)], ids=["small", "large"]
+)
+def test_an_abandoned_plain_request_stops_within_a_token(
+    red: Gateway, model: str, prompt: str
+) -> None:
+    engine = Engine(red, model, model)
+    body = {"model": model, "messages": user(prompt), "max_tokens": 400, "temperature": 0}
+    before, gone = engine.sampled(), engine.ended(499)
+    sock = send_raw(red, body, headers=BYPASS)
+    engine.generating(before)
+    sock.close()
+    engine.stops_within_a_token_of(int(gone) + 1, before=before)
+
+
+def test_abandoned_requests_leave_the_queue_at_once(red: Gateway) -> None:
+    """The issue's case: clients that leave while queued must not hold the queue (small
+    has one slot and two places) until the request ahead of them is done."""
+    engine = Engine(red, "small", "small")
+    body = {"model": "small", "messages": user(STORY), "max_tokens": 400, "temperature": 0}
+    before, gone, answered = engine.sampled(), engine.ended(499), engine.ended(200)
+    ahead = send_raw(red, body, headers=BYPASS)
+    engine.generating(before)
+    queued = [send_raw(red, body, headers=BYPASS) for _ in range(2)]
+    until(lambda: engine.waiting() == 2, "two requests queued")
+    for sock in queued:
+        sock.close()
+    until(lambda: engine.waiting() == 0, "the queue empty")
+    until(lambda: engine.ended(499) == gone + 2, "both queued requests ended 499")
+    # ... while the request ahead is still generating.
+    assert engine.busy() == 1 and engine.ended(200) == answered
+    # Another tenant's request is queued, not refused, and answered once the request
+    # ahead is abandoned too.
+    with ThreadPoolExecutor(1) as pool:
+        other = pool.submit(
+            red.chat, {"model": "small", "messages": user("What is 2+2?"), "max_tokens": 2}, KEY_B
+        )
+        until(lambda: engine.waiting() == 1 or other.done(), "another request queued")
+        ahead.close()
+        until(lambda: engine.ended(499) == gone + 3, "the request ahead ended 499")
+        at_the_end = engine.sampled()
+        answer = other.result()
+    assert answer.status_code == 200
+    until(lambda: engine.busy() == 0, "small's slot free")
+    # The one token the abandoned request may still take, and the other's answer.
+    assert engine.sampled() - at_the_end <= 1 + answer.json()["usage"]["completion_tokens"]
+
+
+def test_an_abandoned_loop_stops_within_a_token(red: Gateway) -> None:
+    engine = Engine(red, "large", "loop")
+    body = {"model": "auto", "messages": user(COUNTING), "max_tokens": 400}
+    before, gone = engine.sampled(), engine.ended(499)
+    sock = send_raw(red, body, key=THINKER, headers=BYPASS)
+    engine.generating(before)
+    sock.close()
+    engine.stops_within_a_token_of(int(gone) + 1, before=before)
+
+
+def _leading(red: Gateway, max_tokens: int) -> tuple[Engine, dict[str, Any], socket.socket]:
+    """A request (on a socket of its own) that leads the identical ones to come, once it
+    is generating: the engine, the body to send again, and the leader's socket."""
+    engine = Engine(red, "small", "small")
+    body = {"model": "small", "messages": user(f"{STORY} ({uuid.uuid4().hex[:6]})"),
+            "max_tokens": max_tokens, "temperature": 0}  # fmt: skip
+    sampled = engine.sampled()
+    leader = send_raw(red, body)
+    engine.generating(sampled)
+    return engine, body, leader
+
+
+def test_a_leader_whose_client_left_answers_the_identical_requests_waiting(
+    red: Gateway,
+) -> None:
+    """Identical requests in flight share one engine call. The first one's client
+    leaving must not take the answer from the others still waiting for it."""
+    engine, body, leader = _leading(red, max_tokens=150)
+    gone = engine.ended(499)
+    with ThreadPoolExecutor(1) as pool:
+        follower = pool.submit(red.chat, body, KEY_A2)
+        time.sleep(1.0)  # the follower has joined (it only needs the exact lookup)
+        assert not follower.done()
+        leader.close()
+        until(lambda: engine.ended(499) == gone + 1, "the leader's request ended 499")
+        response = follower.result()
+    assert response.status_code == 200, response.text
+    assert response.headers["x-satisfice-cache"] == "coalesced"
+    assert response.json()["choices"][0]["finish_reason"] == "length"
+    assert response.json()["usage"]["completion_tokens"] == 150
+
+
+def test_work_whose_every_waiter_left_stops_within_a_token(red: Gateway) -> None:
+    engine, body, leader = _leading(red, max_tokens=400)
+    before, gone = engine.sampled(), engine.ended(499)
+    follower = send_raw(red, body, key=KEY_A2)
+    time.sleep(1.0)  # the follower has joined
+    leader.close()
+    until(lambda: engine.ended(499) == gone + 1, "the leader's request ended 499")
+    # The follower still waits: the work goes on for it ...
+    left_at = engine.sampled()
+    until(lambda: engine.sampled() > left_at + 10, "the work going on for the follower")
+    # ... until it leaves too.
+    follower.close()
+    engine.stops_within_a_token_of(int(gone) + 2, before=before)

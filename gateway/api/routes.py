@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import msgspec
 from litestar import Request, Response, get, post
@@ -34,11 +34,13 @@ from gateway.api.wire import ChatCompletion, ChatCompletionRequest, ErrorRespons
 from gateway.config import AUTO_MODEL, GatewayConfig
 from gateway.ops import logs, tracing
 from gateway.ops.metrics import CLIENT_CLOSED, CONTENT_TYPE, Exchange
-from gateway.pipeline.outcome import SERVED, Decision, Outcome, Refused
+from gateway.pipeline.outcome import SERVED, Decision, Refused
 from gateway.pipeline.pipeline import Pipeline
 from gateway.pipeline.policy import resolve
 from gateway.runtime import Runtime
 from router.router import RouteDecision
+
+T = TypeVar("T")
 
 _CHAT_RESPONSES_DOC = "A chat completion, or with `stream: true` a text/event-stream of chunks."
 _KEY_ERRORS = {401: ResponseSpec(ErrorResponse, description="No API key, or an unknown one")}
@@ -141,7 +143,8 @@ async def _chat(
         control=asked.cache,
         conversation=asked.conversation or _user_conversation(data, config),
     )
-    outcome = await pipeline.run(chat, policy, decision)
+    # From here the work is the engines': it stops when the client leaves.
+    outcome = await _unless_gone(request, pipeline.run(chat, policy, decision))
     reply = render.Reply(
         id=f"chatcmpl-{uuid.uuid4().hex}",
         created=int(time.time()),
@@ -157,7 +160,7 @@ async def _chat(
         if decision.cache in SERVED:  # in hand: nothing to stop if the client leaves
             completion = await render.completion(outcome, reply)
         else:
-            completion = await _unless_gone(request, outcome, reply)
+            completion = await _unless_gone(request, render.completion(outcome, reply))
     except (Refused, EngineError) as exc:
         # Refused once the answer was under way (the loop's deadline with the error
         # fallback, a newer turn): the error says what was decided up to then.
@@ -177,22 +180,25 @@ def _user_conversation(data: ChatCompletionRequest, config: GatewayConfig) -> st
     return data.user if config.server.user_is_conversation else None
 
 
-async def _unless_gone(
-    request: Request[Any, Any, Any], outcome: Outcome, reply: render.Reply
-) -> bytes:
-    """The whole answer, unless the client leaves first: then the work stops at once
-    (within a token), as a closed stream stops it, and the exchange ends with 499."""
-    answering = asyncio.ensure_future(render.completion(outcome, reply))
+async def _unless_gone(request: Request[Any, Any, Any], work: Awaitable[T]) -> T:
+    """What ``work`` gives, unless the client leaves first: then the work is cancelled
+    and awaited, so that it has stopped (an engine within a token, as a closed stream
+    stops it) when ``ClientGone`` is raised and the exchange ends with 499."""
+    working = asyncio.ensure_future(work)
     leaving = asyncio.ensure_future(_disconnect(request))
     try:
-        await asyncio.wait((answering, leaving), return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait((working, leaving), return_when=asyncio.FIRST_COMPLETED)
     finally:
         leaving.cancel()
-        if not answering.done():
-            answering.cancel()
-    if answering.cancelled():
+        gone = not working.done()
+        if gone:
+            working.cancel()
+            await asyncio.wait((working,))
+    if gone:
+        if not working.cancelled():
+            working.exception()  # whatever it ended with, nobody is left to hear it
         raise ClientGone
-    return answering.result()
+    return working.result()
 
 
 async def _disconnect(request: Request[Any, Any, Any]) -> None:

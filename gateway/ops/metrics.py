@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping
+from typing import Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -160,6 +161,17 @@ class Exchange:
         return seconds
 
 
+@runtime_checkable
+class _Slots(Protocol):
+    """An engine that generates in this process, and can say so token by token."""
+
+    @property
+    def tokens_generated(self) -> int: ...
+
+    @property
+    def busy_slots(self) -> int: ...
+
+
 class _Collected(Collector):
     """The cache's and the engines' own counts, read at scrape time."""
 
@@ -205,6 +217,19 @@ class _Collected(Collector):
             "Requests for the engine that its fallback engine answered while it was unavailable",
             labels=["engine"],
         )
+        sampled = CounterMetricFamily(
+            "satisfice_engine_sampled_tokens",
+            "Tokens an in-process engine sampled, of every sample, finished or cut short (a "
+            "cancelled one up to where it stopped): beyond the completion tokens, work thrown "
+            "away",
+            labels=["engine"],
+        )
+        busy = GaugeMetricFamily(
+            "satisfice_engine_busy_slots",
+            "Generation slots of an in-process engine that are generating now (a cancelled "
+            "sample's until it has stopped)",
+            labels=["engine"],
+        )
         for name, engine in self._engines.items():
             # Every engine has every series, at 0 where it has no breaker or fallback,
             # so that rates and alerts work from the first scrape.
@@ -223,7 +248,11 @@ class _Collected(Collector):
             tokens.add_metric([name, "completion"], counters.completion_tokens)
             waiting.add_metric([name], engine.waiting)
             overloads.add_metric([name], counters.overloads)
+            if isinstance(engine, _Slots):
+                sampled.add_metric([name], engine.tokens_generated)
+                busy.add_metric([name], engine.busy_slots)
         yield from (tokens, waiting, overloads, breaker_open, breaker_opens, failovers)
+        yield from (sampled, busy)
 
     @staticmethod
     def _cache_metrics(cache: SemanticCache) -> Iterator[Metric]:

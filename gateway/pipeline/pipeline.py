@@ -28,6 +28,7 @@ from engines.fanout import FanOutEngine
 from evaluator.loop import LoopResult, ReasoningLoop, Thinking
 from gateway.config import AUTO_MODEL
 from gateway.pipeline.keeper import Answer, CachePlan, Keeper, SharedAnswer
+from gateway.pipeline.lead import Lead
 from gateway.pipeline.outcome import (
     Decision,
     Event,
@@ -103,8 +104,11 @@ class Pipeline:
             runtime.cache, plan, lambda: embedded.get(may_refuse=False), flight,
             runtime.in_background,
         )  # fmt: skip
+        answering = self._answer(request, policy, route, engine, decision, keeper)
+        if flight is not None:  # identical requests wait for this answer too
+            return Outcome(decision, await Lead(flight, keeper, answering).events())
         try:
-            events = await self._answer(request, policy, route, engine, decision, keeper)
+            events = await answering
         except BaseException:
             keeper.settle(None)
             raise
