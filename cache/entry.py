@@ -78,8 +78,9 @@ def unpack_vector(packed: bytes) -> Vectors:
     return np.frombuffer(packed, dtype="<f2").astype(np.float32)
 
 
-def context_fingerprint(turns: Sequence[tuple[str, str]]) -> str:
-    """Fingerprint of the (role, content) turns around the last user turn."""
+def context_fingerprint(turns: Sequence[tuple[str, ...]]) -> str:
+    """Fingerprint of the (role, content) turns around the last user turn, and of
+    whatever else (a message's name) the answer may depend on."""
     if not turns:
         return ""
     return hashlib.sha256(msgspec.msgpack.encode(list(turns))).hexdigest()[:32]

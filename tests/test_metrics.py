@@ -91,7 +91,8 @@ def test_requests_routes_tokens_and_errors_are_counted(gateway_url: str) -> None
     routes["error", "404"] += 1
     # Bodies refused before the handler runs: not JSON, and no messages.
     chat = f"{gateway_url}/v1/chat/completions"
-    assert httpx.post(chat, content=b"{not json").status_code == 400
+    declared = {"content-type": "application/json"}
+    assert httpx.post(chat, content=b"{not json", headers=declared).status_code == 400
     assert httpx.post(chat, json={"model": "small"}).status_code == 400
 
     after = scrape(gateway_url)

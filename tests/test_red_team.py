@@ -26,8 +26,8 @@ from gateway.api.auth import hash_key
 from tests.support import start_gateway, stop
 
 ADMIN = f"sk-admin-{uuid.uuid4().hex}"
-KEY_A, KEY_A2, KEY_B, THINKER, QUICK = (
-    f"sk-{name}-{uuid.uuid4().hex}" for name in ("a", "a2", "b", "thinker", "quick")
+KEY_A, KEY_A2, KEY_B, THINKER, QUICK, THROTTLED = (
+    f"sk-{name}-{uuid.uuid4().hex}" for name in ("a", "a2", "b", "thinker", "quick", "throttled")
 )
 
 # Both bundled models, the router, the loop and the cache in memory, keys of two
@@ -56,6 +56,7 @@ auth:
     b: {{sha256: {hash_key(KEY_B)}, tenant: tB}}
     thinker: {{sha256: {hash_key(THINKER)}, tenant: thinker}}
     quick: {{sha256: {hash_key(QUICK)}, tenant: quick}}
+    throttled: {{sha256: {hash_key(THROTTLED)}, tenant: tA, requests_per_minute: 2}}
 engines:
   small:
     backend: llama_cpp
@@ -379,3 +380,167 @@ def test_work_whose_every_waiter_left_stops_within_a_token(red: Gateway) -> None
     # ... until it leaves too.
     follower.close()
     engine.stops_within_a_token_of(int(gone) + 2, before=before)
+
+
+# -- 4 and 7. hostile bodies: a clear 4xx, counted, and no traceback ------------------
+
+CHAT = {"model": "small", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+DEEP = b'{"model": "small", "messages": [{"role": "user", "content": "hi"}], "x": ' + (
+    b"[" * 100_000 + b"]" * 100_000 + b"}"
+)
+
+
+def post_raw(red: Gateway, body: bytes, headers: dict[str, str] | None = None) -> httpx.Response:
+    return httpx.post(
+        f"{red.url}/v1/chat/completions",
+        content=body,
+        headers={
+            "authorization": f"Bearer {KEY_A}",
+            "content-type": "application/json",
+            **(headers or {}),
+        },
+        timeout=60,
+    )
+
+
+def error_of(response: httpx.Response, status: int) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    error: dict[str, Any] = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    return error
+
+
+def test_a_deeply_nested_body_is_a_400_counted_without_a_traceback(red: Gateway) -> None:
+    refused = red.metric("satisfice_requests_total", route="error", status="400")
+    error = error_of(post_raw(red, DEEP), 400)
+    assert "nests" in error["message"] and error["code"] == "too_deeply_nested"
+    assert red.metric("satisfice_requests_total", route="error", status="400") == refused + 1
+    assert "RecursionError" not in red.log.read_text()
+    assert red.chat(CHAT).status_code == 200  # and the worker goes on serving
+
+
+def test_refusals_before_the_handler_are_counted(red: Gateway) -> None:
+    """Requests refused by their key or their headers never reach the handler that
+    counts chat requests; they count too, by their status."""
+    cases: list[tuple[httpx.Response, int]] = []
+    before = {status: red.metric("satisfice_requests_total", route="error", status=status)
+              for status in ("401", "415")}  # fmt: skip
+    cases.append((red.chat(CHAT, key="sk-nobody"), 401))
+    cases.append((post_raw(red, json.dumps(CHAT).encode(), {"content-type": "text/plain"}), 415))
+    for response, expected in cases:
+        error_of(response, expected)
+    for status, count in before.items():
+        assert red.metric("satisfice_requests_total", route="error", status=status) == count + 1
+
+
+# -- 9. what the engines cannot do is refused, not ignored ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"functions": [{"name": "f"}]}, "functions"),
+        ({"function_call": {"name": "f"}}, "function_call"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"logit_bias": {"50256": -100}}, "logit_bias"),
+    ],
+    ids=["tools", "tool_choice", "functions", "function_call", "response_format", "logit_bias"],
+)
+def test_tool_calls_and_structured_output_are_refused(
+    red: Gateway, extra: dict[str, Any], param: str
+) -> None:
+    error = error_of(red.chat({**CHAT, **extra}), 400)
+    assert error["param"] == param and error["code"] == "unsupported_parameter"
+    assert "not supported" in error["message"]
+
+
+def test_asking_for_nothing_unsupported_is_answered(red: Gateway) -> None:
+    asked = {"tools": [], "tool_choice": "none", "response_format": {"type": "text"}}
+    assert red.chat({**CHAT, **asked}).status_code == 200
+
+
+def test_a_message_name_scopes_the_cached_answer(red: Gateway) -> None:
+    question = f"What is the capital of France? ({uuid.uuid4().hex[:6]})"
+
+    def ask(name: str | None) -> str:
+        message: dict[str, str] = {"role": "user", "content": question}
+        if name is not None:
+            message["name"] = name
+        body = {"model": "small", "messages": [message], "temperature": 0, **FIRST_SENTENCE}
+        response = red.chat(body)
+        assert response.status_code == 200, response.text
+        time.sleep(0.2)  # the write-back of a miss
+        return response.headers["x-satisfice-cache"]
+
+    assert ask("alice") == "miss"
+    assert ask("alice") == "exact"
+    assert ask("bob") == "miss"
+    assert ask(None) == "miss"
+
+
+@pytest.mark.parametrize(
+    "content_type", [None, "text/plain", "application/x-www-form-urlencoded", "text/json"]
+)
+def test_a_body_not_declared_json_is_refused(red: Gateway, content_type: str | None) -> None:
+    headers = {"authorization": f"Bearer {KEY_A}"}
+    if content_type is not None:
+        headers["content-type"] = content_type
+    response = httpx.post(
+        f"{red.url}/v1/chat/completions", content=json.dumps(CHAT).encode(), headers=headers
+    )
+    error = error_of(response, 415)
+    assert error["param"] == "content-type" and "application/json" in error["message"]
+
+
+def test_json_with_a_charset_is_json(red: Gateway) -> None:
+    body = json.dumps(CHAT).encode()
+    response = post_raw(red, body, {"content-type": "application/json; charset=utf-8"})
+    assert response.status_code == 200
+
+
+def test_a_text_part_without_text_says_so(red: Gateway) -> None:
+    parts = [{"type": "text", "text": None}]
+    error = error_of(red.chat({**CHAT, "messages": [{"role": "user", "content": parts}]}), 400)
+    assert error["param"] == "messages[0].content[0].text"
+    assert "needs its text" in error["message"] and "not supported" not in error["message"]
+
+
+@pytest.mark.parametrize("value", ["9" * 5000, "1" + "0" * 400, "99999999999"])
+def test_a_huge_deadline_header_is_refused_without_echoing_it(red: Gateway, value: str) -> None:
+    error = error_of(red.chat(CHAT, headers={"x-satisfice-deadline-ms": value}), 400)
+    assert error["param"] == "x-satisfice-deadline-ms"
+    assert len(error["message"]) < 300
+
+
+def test_a_huge_model_name_is_not_echoed_whole(red: Gateway) -> None:
+    error = error_of(red.chat({**CHAT, "model": "m" * 50_000}), 404)
+    assert len(error["message"]) < 300 and "50000 characters" in error["message"]
+
+
+# -- 5. /v1/route: the chat request's checks and the key's rate limit ----------------
+
+
+def route(red: Gateway, model: str, key: str = KEY_A) -> httpx.Response:
+    return httpx.post(
+        f"{red.url}/v1/route",
+        json={"model": model, "messages": user("What is 2+2?")},
+        headers={"authorization": f"Bearer {key}"},
+        timeout=60,
+    )
+
+
+def test_route_refuses_models_chat_refuses(red: Gateway) -> None:
+    for model in ("gpt-4", ""):
+        assert error_of(route(red, model), 404)["code"] == "model_not_found"
+        assert error_of(red.chat({**CHAT, "model": model}), 404)["code"] == "model_not_found"
+    assert error_of(route(red, "small"), 400)["param"] == "model"
+    assert route(red, "auto").status_code == 200
+
+
+def test_route_is_rate_limited_like_chat(red: Gateway) -> None:
+    statuses = [route(red, "auto", key=THROTTLED).status_code for _ in range(3)]
+    assert statuses == [200, 200, 429]
+    limited = error_of(red.chat(CHAT, key=THROTTLED), 429)
+    assert limited["code"] == "rate_limit_exceeded"

@@ -14,7 +14,7 @@ from litestar.datastructures import State
 from litestar.openapi import OpenAPIConfig
 
 from gateway.api.admin import ADMIN_HANDLERS
-from gateway.api.errors import EXCEPTION_HANDLERS
+from gateway.api.errors import EXCEPTION_HANDLERS, JSONRequest
 from gateway.api.routes import ROUTES
 from gateway.config import GatewayConfig
 from gateway.config.reload import start_reloading
@@ -66,6 +66,7 @@ def create_app(
         ),
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
+        request_class=JSONRequest,
         request_max_body_size=config.server.max_body_bytes,
         openapi_config=OpenAPIConfig(title="Satisfice", version="0.1.0", path="/openapi"),
         # Logging is the process's (gateway.ops.logs); Litestar's default would replace

@@ -9,18 +9,41 @@ from typing import Any
 
 import msgspec
 from litestar import Request, Response
-from litestar.exceptions import HTTPException, ValidationException
+from litestar.exceptions import HTTPException, InternalServerException, ValidationException
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
 from engines.base import EngineError, EngineOverloaded, EngineUnavailable, PromptTooLong
 from gateway.api.wire import ErrorBody, ErrorResponse
+from gateway.ops.metrics import CLIENT_CLOSED
 from gateway.pipeline.outcome import RefusalKind, Refused
 
 log = logging.getLogger("satisfice.gateway")
 
 
+# The request state's key that says the chat handler has counted its exchange: any
+# other chat request that ends in an error is counted by the handler of that error.
+COUNTED = "satisfice_counted"
+
+
 class ClientGone(Exception):
     """The client left before its answer was ready; the work for it has stopped."""
+
+
+def shown(value: str, limit: int = 64) -> str:
+    """``value`` as an error message quotes it: whole when short, else its beginning and
+    its length (an error must not echo a megabyte back, nor fill a log with it)."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}... ({len(value)} characters)"
+
+
+def _clipped(message: str, limit: int = 400) -> str:
+    """A parser's message, which may quote the input, kept to its head and tail (the tail
+    says where)."""
+    if len(message) <= limit:
+        return message
+    half = limit // 2
+    return f"{message[:half]} ... {message[-half:]}"
 
 
 class APIError(Exception):
@@ -107,6 +130,8 @@ _REFUSALS: dict[RefusalKind, tuple[int, str]] = {
 }
 
 _CHAT_PATH = "/v1/chat/completions"
+# Litestar's word for a body whose client left before it was whole.
+_LEFT_MID_BODY = "client disconnected prematurely"
 _MISSING = re.compile(r"missing required field `([^`]+)`")
 
 
@@ -121,40 +146,47 @@ def _validation_message(exc: ValidationException) -> tuple[str, str | None]:
             key = detail.get("key") if detail.get("key") != "data" else None
             if missing := _MISSING.search(message):
                 key = f"{key}.{missing.group(1)}" if key else missing.group(1)
-                return message, key
-            return (f"{message} (at {key})" if key else message), key
-    return str(exc.detail), None
+                return _clipped(message), key
+            return _clipped(f"{message} (at {key})" if key else message), key
+    return _clipped(str(exc.detail)), None
 
 
-def _answered(exc: BaseException, response: Response[bytes]) -> Response[bytes]:
-    """The error's response, and the error let go of its traceback: that holds every
-    frame of the request (its body, its embedding, the ASGI transport) in a reference
-    cycle with the frame that raised it, which only Python's rare full collection
-    frees. Under overload, 429s kept hundreds of MiB alive between collections."""
+def _answered(
+    request: Request[Any, Any, Any], exc: BaseException, response: Response[bytes]
+) -> Response[bytes]:
+    """The error's response, counted if it ends a chat request the handler did not count
+    (refused by its key, its headers or its body before the handler ran, or a failure),
+    and the error let go of its traceback: that holds every frame of the request (its
+    body, its embedding, the ASGI transport) in a reference cycle with the frame that
+    raised it, which only Python's rare full collection frees. Under overload, 429s kept
+    hundreds of MiB alive between collections."""
     exc.__traceback__ = None
+    counted = request.state.get(COUNTED, False)
+    if request.scope["path"] == _CHAT_PATH and request.method == "POST" and not counted:
+        request.app.state.runtime.metrics.refused(response.status_code)
     return response
 
 
-def _api_error(_: Request[Any, Any, Any], exc: APIError) -> Response[bytes]:
-    return _answered(exc, exc.response())
+def _api_error(request: Request[Any, Any, Any], exc: APIError) -> Response[bytes]:
+    return _answered(request, exc, exc.response())
 
 
-def _engine_error(_: Request[Any, Any, Any], exc: EngineError) -> Response[bytes]:
-    return _answered(exc, APIError.from_engine(exc).response())
+def _engine_error(request: Request[Any, Any, Any], exc: EngineError) -> Response[bytes]:
+    return _answered(request, exc, APIError.from_engine(exc).response())
 
 
-def _refused(_: Request[Any, Any, Any], exc: Refused) -> Response[bytes]:
-    return _answered(exc, APIError.from_refusal(exc).response())
+def _refused(request: Request[Any, Any, Any], exc: Refused) -> Response[bytes]:
+    return _answered(request, exc, APIError.from_refusal(exc).response())
 
 
 def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
-    if request.scope["path"] == _CHAT_PATH and exc.status_code in (400, 413):
-        # A body refused before the handler, which counts every other chat request, ran.
-        request.app.state.runtime.metrics.refused(exc.status_code)
     if isinstance(exc, ValidationException):
         message, param = _validation_message(exc)
         refusal = APIError(400, f"invalid request body: {message}", param=param)
-        return _answered(exc, refusal.response())
+        return _answered(request, exc, refusal.response())
+    if isinstance(exc, InternalServerException) and exc.detail == _LEFT_MID_BODY:
+        # The body never came whole: the client left before it had sent it.
+        return _answered(request, exc, Response(b"", status_code=CLIENT_CLOSED))
     detail = str(exc.detail)
     if exc.status_code == 400:
         # Litestar's other 400s come from msgspec failing to parse the bytes at all.
@@ -169,18 +201,34 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
         type="invalid_request_error" if exc.status_code < 500 else "server_error",
         code=kinds.get(exc.status_code),
     )
-    return _answered(exc, error.response())
+    return _answered(request, exc, error.response())
 
 
-def _client_gone(_: Request[Any, Any, Any], exc: ClientGone) -> Response[bytes]:
+def _client_gone(request: Request[Any, Any, Any], exc: ClientGone) -> Response[bytes]:
     # Nobody reads it; nginx's 499 says why in any log that sees it.
-    return _answered(exc, Response(b"", status_code=499))
+    return _answered(request, exc, Response(b"", status_code=CLIENT_CLOSED))
 
 
 def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     error = APIError(HTTP_500_INTERNAL_SERVER_ERROR, "internal error", type="server_error")
-    return _answered(exc, error.response())
+    return _answered(request, exc, error.response())
+
+
+class JSONRequest(Request[Any, Any, Any]):
+    """Litestar's request, whose JSON body nested deeper than the parser's recursion
+    limit is a 400 naming the problem rather than a RecursionError (a 500, and a
+    traceback in the log for every such body)."""
+
+    async def json(self) -> Any:
+        try:
+            return await super().json()
+        except RecursionError:
+            raise APIError(
+                400,
+                "request body is not valid JSON here: it nests arrays or objects too deeply",
+                code="too_deeply_nested",
+            ) from None
 
 
 EXCEPTION_HANDLERS = {

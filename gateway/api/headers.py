@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import msgspec
 
 from evaluator.loop import LoopTrace
-from gateway.api.errors import APIError
+from gateway.api.errors import APIError, shown
 from gateway.pipeline.outcome import Decision
 from gateway.pipeline.policy import CacheControl
 
@@ -38,18 +38,22 @@ def read_headers(headers: Mapping[str, str]) -> RequestHeaders:
     )
 
 
+# A day: any longer deadline is none at all, and a far larger number would not fit the
+# clock's float.
+MAX_DEADLINE_MS = 86_400_000
+
+
 def _deadline_ms(headers: Mapping[str, str]) -> int | None:
     raw = headers.get(DEADLINE_HEADER)
     if raw is None:
         return None
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        value = 0
-    if value < 1:
+    digits = raw.strip()
+    value = int(digits) if digits.isascii() and digits.isdigit() and len(digits) <= 9 else 0
+    if not 1 <= value <= MAX_DEADLINE_MS:
         raise APIError(
             400,
-            f"{DEADLINE_HEADER} is {raw!r}; send a whole number of milliseconds, at least 1",
+            f"{DEADLINE_HEADER} is {shown(raw)}; send a whole number of milliseconds from 1 "
+            f"to {MAX_DEADLINE_MS}",
             param=DEADLINE_HEADER,
         )
     return value
@@ -65,7 +69,7 @@ def _cache_control(headers: Mapping[str, str]) -> CacheControl:
     if unknown:
         raise APIError(
             400,
-            f"{CACHE_HEADER} has {', '.join(sorted(unknown))}; use bypass, no-store or both",
+            f"{CACHE_HEADER} has {shown(', '.join(sorted(unknown)))}; use bypass, no-store or both",
             param=CACHE_HEADER,
         )
     standard = {t.strip().lower() for t in headers.get("cache-control", "").split(",")}

@@ -14,7 +14,6 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-import msgspec
 from litestar import Request, Response, get, post
 from litestar.connection import ASGIConnection
 from litestar.datastructures import State
@@ -27,7 +26,7 @@ from litestar.types import ASGIApp
 from engines.base import EngineError
 from gateway.api import render
 from gateway.api.auth import Caller
-from gateway.api.errors import APIError, ClientGone
+from gateway.api.errors import COUNTED, APIError, ClientGone, shown
 from gateway.api.headers import decision_headers, read_headers
 from gateway.api.validate import chat_request
 from gateway.api.wire import ChatCompletion, ChatCompletionRequest, ErrorResponse, Model, ModelList
@@ -44,6 +43,9 @@ T = TypeVar("T")
 
 _CHAT_RESPONSES_DOC = "A chat completion, or with `stream: true` a text/event-stream of chunks."
 _KEY_ERRORS = {401: ResponseSpec(ErrorResponse, description="No API key, or an unknown one")}
+_JSON_ERRORS = {
+    415: ResponseSpec(ErrorResponse, description="The body is not declared application/json")
+}
 
 
 def require_key(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
@@ -54,6 +56,21 @@ def require_key(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHand
     config, keys = runtime.config, runtime.keys
     connection.state.config = config
     connection.state.caller = keys.caller(connection.headers)
+
+
+def require_json(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    """Before the body is read: it is JSON only when it says so. A browser may send a
+    cross-site "simple" request with a text/plain or form body, or with none declared;
+    reading such a body as JSON would let any web page call an open gateway."""
+    declared = connection.headers.get("content-type", "")
+    if declared.partition(";")[0].strip().lower() != "application/json":
+        raise APIError(
+            415,
+            "the request body must be JSON, sent with Content-Type: application/json; got "
+            + (shown(declared) if declared else "no Content-Type"),
+            param="content-type",
+            code="unsupported_media_type",
+        )
 
 
 def _ready(state: State) -> Runtime:
@@ -72,11 +89,12 @@ def _ready(state: State) -> Runtime:
     "/v1/chat/completions",
     description=_CHAT_RESPONSES_DOC,
     status_code=200,
-    guards=[require_key],
+    guards=[require_key, require_json],
     responses={
         200: ResponseSpec(ChatCompletion, description="The completion (without `stream`)"),
         400: ResponseSpec(ErrorResponse, description="Invalid request"),
         **_KEY_ERRORS,
+        **_JSON_ERRORS,
         404: ResponseSpec(ErrorResponse, description="Unknown model"),
         429: ResponseSpec(
             ErrorResponse,
@@ -101,6 +119,7 @@ async def chat_completions(
     caller: Caller = request.state.caller
     decision = Decision(tenant=caller.tenant, model=data.model)
     exchange = runtime.metrics.exchange()
+    request.state[COUNTED] = True  # by end() below, however the request ends
 
     def end(status: int) -> None:
         """How the exchange ended, once, for the metrics, the access log and the span."""
@@ -223,24 +242,37 @@ def _status(exc: BaseException) -> int:
     "/v1/route",
     status_code=200,
     description="The routing decision for a chat request, explained, without generating.",
-    guards=[require_key],
+    guards=[require_key, require_json],
     responses={
-        400: ResponseSpec(ErrorResponse, description="Invalid request"),
+        400: ResponseSpec(ErrorResponse, description="Invalid request, or a model not routed"),
         **_KEY_ERRORS,
-        404: ResponseSpec(ErrorResponse, description="Routing is turned off"),
+        404: ResponseSpec(ErrorResponse, description="Unknown model, or routing is turned off"),
         413: ResponseSpec(ErrorResponse, description="Body larger than the limit"),
+        **_JSON_ERRORS,
+        429: ResponseSpec(ErrorResponse, description="The key's rate limit; see Retry-After"),
         503: ResponseSpec(ErrorResponse, description="Not ready"),
     },
 )
 async def explain_route(
     data: ChatCompletionRequest, state: State, request: Request[Any, Any, Any]
 ) -> RouteDecision:
+    """The request checked as a chat request is (the same model names, the same limits)
+    and charged to the key's rate limit, as it costs an embedding; only model "auto"
+    is routed."""
     runtime = _ready(state)
     pipeline: Pipeline = state.pipeline
     config: GatewayConfig = request.state.config
     caller: Caller = request.state.caller
-    routed = msgspec.structs.replace(data, model=AUTO_MODEL)
-    chat = chat_request(routed, runtime.engines, runtime.router is not None, config.server)
+    chat = chat_request(data, runtime.engines, runtime.router is not None, config.server)
+    if chat.model != AUTO_MODEL:
+        raise APIError(
+            400,
+            f"model {chat.model!r} is not routed: its requests go to engine {chat.model!r}; "
+            f"ask about model {AUTO_MODEL!r}",
+            param="model",
+        )
+    if caller.limits is not None:  # no tokens generated: the prompt's estimate alone
+        await runtime.limiter.admit(caller.key or "", caller.limits, chat.prompt_tokens)
     policy = resolve(config, caller.tenant, arrived=time.monotonic())
     return await pipeline.route(chat, policy)
 

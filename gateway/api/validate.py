@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from engines.base import Engine, Message, SamplingParams
-from gateway.api.errors import APIError
+from gateway.api.errors import APIError, shown
 from gateway.api.wire import ChatCompletionRequest, ChatMessage
 from gateway.config import AUTO_MODEL, ServerSettings
 from gateway.pipeline.request import ChatRequest
@@ -23,6 +23,7 @@ def chat_request(
         raise unknown_model(request.model, engines, " (routing is turned off)")
     if request.model != AUTO_MODEL and request.model not in engines:
         raise unknown_model(request.model, engines)
+    _refuse_what_engines_cannot_do(request)
     if len(request.messages) > limits.max_messages:
         raise APIError(
             400,
@@ -43,6 +44,7 @@ def chat_request(
     return ChatRequest(
         model=request.model,
         messages=messages,
+        names=tuple(m.name for m in request.messages),
         params=params,
         include_usage=bool(request.stream_options and request.stream_options.include_usage),
         prompt_tokens=prompt_tokens,
@@ -81,6 +83,29 @@ def _params(request: ChatCompletionRequest, limits: ServerSettings) -> SamplingP
     )
 
 
+def _refuse_what_engines_cannot_do(request: ChatCompletionRequest) -> None:
+    """400 for what the engines would silently ignore: tool calling, structured output
+    and logit bias. Answered anyway, such a request would get a plain-text answer it
+    did not ask for, and could be served one from the cache."""
+    asked = {
+        "tools": bool(request.tools),
+        "functions": bool(request.functions),
+        "tool_choice": request.tool_choice not in (None, "none"),
+        "function_call": request.function_call not in (None, "none"),
+        "response_format": request.response_format not in (None, {"type": "text"}),
+        "logit_bias": bool(request.logit_bias),
+    }
+    for field, wanted in asked.items():
+        if wanted:
+            raise APIError(
+                400,
+                f"{field} is not supported: this gateway's engines answer in plain text, "
+                "without tool calls, structured output or logit bias",
+                param=field,
+                code="unsupported_parameter",
+            )
+
+
 def prompt_tokens_estimate(messages: Sequence[Message]) -> int:
     """About four UTF-8 bytes a token, the usual rule for English text: the gateway
     has no tokenizer of each engine's, and the engine counts exactly anyway."""
@@ -90,7 +115,7 @@ def prompt_tokens_estimate(messages: Sequence[Message]) -> int:
 def unknown_model(model: str, engines: Mapping[str, Engine], hint: str = "") -> APIError:
     return APIError(
         404,
-        f"model {model!r} does not exist{hint}; available: {', '.join(engines)}",
+        f"model {shown(model)} does not exist{hint}; available: {', '.join(engines)}",
         param="model",
         code="model_not_found",
     )
@@ -103,11 +128,18 @@ def _messages(messages: Sequence[ChatMessage]) -> tuple[Message, ...]:
         if isinstance(content, list):
             texts = []
             for j, part in enumerate(content):
-                if part.type != "text" or part.text is None:
+                if part.type != "text":
                     raise APIError(
                         400,
-                        f"content part of type {part.type!r} is not supported; send text parts",
+                        f"content part of type {shown(part.type)} is not supported; send text "
+                        "parts",
                         param=f"messages[{i}].content[{j}]",
+                    )
+                if part.text is None:
+                    raise APIError(
+                        400,
+                        "a text content part needs its text: a string, not null or missing",
+                        param=f"messages[{i}].content[{j}].text",
                     )
                 texts.append(part.text)
             content = "\n".join(texts)

@@ -7,7 +7,7 @@ newer fields never break a request.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta, Struct
@@ -57,6 +57,15 @@ class ChatCompletionRequest(Struct, frozen=True, kw_only=True):
     logprobs: bool | None = False
     top_logprobs: Annotated[int, Meta(ge=0, le=20, extra_json_schema=_AT_LEAST_ZERO)] | None = None
     user: str | None = None
+    # Read only to be refused: the engines answer in plain text, and a request that asks
+    # for tool calls, structured output or biased tokens must not get (or be cached as)
+    # a plain answer. Empty or "none" / {"type": "text"} values ask for nothing.
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    response_format: dict[str, Any] | None = None
+    logit_bias: dict[str, Any] | None = None
 
 
 class TopLogprob(Struct, frozen=True):

@@ -111,7 +111,8 @@ class Metrics:
         return Exchange(self)
 
     def refused(self, status: int) -> None:
-        """A chat request refused before the handler ran (its body unreadable)."""
+        """A chat request that ended before the handler ran (its key, its headers or its
+        body refused, or a failure there)."""
         self.requests.labels(route=NO_ROUTE, status=str(status)).inc()
 
     def reloaded(self, *, ok: bool) -> None:

@@ -131,7 +131,7 @@ class Pipeline:
         namespace = Namespace(
             tenant=policy.tenant,
             model=request.model,
-            context=context_fingerprint([(m.role, m.content) for m in request.messages[:-1]]),
+            context=_context(request),
             embedding=self._runtime.embedding_model,
             sampling=sampling_key(
                 params.temperature,
@@ -314,6 +314,20 @@ class Pipeline:
         run = LoopRun(events)
         self.turns.begin(policy.conversation, run)
         return _thought(run, decision, keeper)
+
+
+def _context(request: ChatRequest) -> str:
+    """The fingerprint of what surrounds the last turn: the earlier turns, and every
+    message's name where one is given (a conversation without names keeps the key it
+    always had, which warm-up files share)."""
+    names = request.names or (None,) * len(request.messages)
+    turns: list[tuple[str, ...]] = [
+        (m.role, m.content) if name is None else (m.role, m.content, name)
+        for m, name in zip(request.messages[:-1], names[:-1], strict=True)
+    ]
+    if names[-1] is not None:
+        turns.append(("name", names[-1]))
+    return context_fingerprint(turns)
 
 
 async def _told(answer: Answer) -> AsyncGenerator[Event]:

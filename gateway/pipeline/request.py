@@ -11,6 +11,9 @@ from engines.base import Message, SamplingParams, last_user_turn
 class ChatRequest(msgspec.Struct, frozen=True, kw_only=True):
     model: str  # an engine's name, or "auto" for the router to choose
     messages: tuple[Message, ...]
+    # Each message's `name` (a participant's), in order: the engines are not told them,
+    # but no cached answer crosses from one name to another.
+    names: tuple[str | None, ...] = ()
     # What the engine samples with, defaults filled in: the cache keys answers on
     # exactly these, so no answer is served to a request that samples otherwise.
     params: SamplingParams
