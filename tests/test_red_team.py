@@ -8,6 +8,7 @@ the cases that held keep holding.
 from __future__ import annotations
 
 import json
+import select
 import socket
 import time
 import uuid
@@ -32,11 +33,17 @@ KEY_A, KEY_A2, KEY_B, THINKER, QUICK, THROTTLED = (
 
 # Both bundled models, the router, the loop and the cache in memory, keys of two
 # tenants (tA has two keys), and two tenants whose every routed question is hard:
-# "thinker" thinks for several rounds, "quick" stops after its first.
+# "thinker" thinks for several rounds, "quick" stops after its first. The server's
+# read limits are short enough to test.
 CONFIG = f"""
 server:
   admin_key: {ADMIN}
   max_tokens_cap: 512
+  header_timeout_s: 2
+  body_timeout_s: 2
+  body_min_rate: 1000
+  keep_alive_timeout_s: 1
+  max_header_bytes: 16384
 router: {{}}
 loop:
   branches: 2
@@ -544,3 +551,113 @@ def test_route_is_rate_limited_like_chat(red: Gateway) -> None:
     assert statuses == [200, 200, 429]
     limited = error_of(red.chat(CHAT, key=THROTTLED), 429)
     assert limited["code"] == "rate_limit_exceeded"
+
+
+# -- 6. slow and idle connections are closed ------------------------------------------
+
+
+def connect(red: Gateway) -> socket.socket:
+    address = httpx.URL(red.url)
+    sock = socket.create_connection((address.host, address.port or 80))
+    sock.settimeout(15)
+    return sock
+
+
+def trickle(sock: socket.socket, data: bytes, every_s: float = 0.3) -> bytes:
+    """Send ``data`` a byte at a time until the server answers or hangs up; what it said."""
+    for byte in data:
+        if select.select([sock], [], [], every_s)[0]:
+            break
+        try:
+            sock.sendall(bytes([byte]))
+        except OSError:  # the server hung up
+            break
+    else:
+        raise AssertionError("the server let the whole trickle in")
+    return read_all(sock)
+
+
+def read_all(sock: socket.socket) -> bytes:
+    """Everything until the server closes the connection (a 15 s timeout says it never
+    did)."""
+    received = b""
+    while chunk := sock.recv(65536):
+        received += chunk
+    return received
+
+
+def refused(red: Gateway, reason: str) -> float:
+    return red.metric("satisfice_connections_refused_total", reason=reason)
+
+
+def test_a_connection_that_sends_nothing_is_closed(red: Gateway) -> None:
+    before = refused(red, "idle")
+    with connect(red) as sock:
+        assert read_all(sock) == b""
+    until(lambda: refused(red, "idle") == before + 1, "the idle connection counted")
+
+
+def test_headers_sent_a_byte_at_a_time_get_408(red: Gateway) -> None:
+    before = refused(red, "header")
+    request = b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n" + b"X-Slow: a\r\n" * 50
+    with connect(red) as sock:
+        answer = trickle(sock, request)
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+    assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"]["code"] == "request_timeout"
+    assert refused(red, "header") == before + 1
+
+
+def test_a_body_sent_a_byte_at_a_time_gets_408(red: Gateway) -> None:
+    before = refused(red, "body")
+    counted = red.metric("satisfice_requests_total", route="error", status="408")
+    payload = json.dumps({**CHAT, "messages": user("x" * 2000)}).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n"
+        f"Authorization: Bearer {KEY_A}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n"
+    ).encode()
+    with connect(red) as sock:
+        sock.sendall(head)
+        answer = trickle(sock, payload)
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+    assert refused(red, "body") == before + 1
+    until(
+        lambda: red.metric("satisfice_requests_total", route="error", status="408") == counted + 1,
+        "the chat request counted as 408",
+    )
+
+
+def test_a_kept_alive_connection_idle_between_requests_is_closed(red: Gateway) -> None:
+    with connect(red) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gateway\r\n\r\n")
+        started = time.monotonic()
+        answer = read_all(sock)  # the answer, then the close a second later
+    assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b'{"status":"ok"}')
+    assert time.monotonic() - started < 4.5  # keep_alive_timeout_s: 1, not uvicorn's 5
+
+
+@pytest.mark.parametrize("ended", [False, True], ids=["unended", "whole"])
+def test_headers_over_the_limit_get_431(red: Gateway, ended: bool) -> None:
+    before = refused(red, "header_size")
+    big = b"GET /healthz HTTP/1.1\r\nHost: gateway\r\nX-Big: " + b"a" * 20_000
+    with connect(red) as sock:
+        sock.sendall(big + (b"\r\n\r\n" if ended else b""))
+        answer = read_all(sock)
+    assert answer.startswith(b"HTTP/1.1 431 "), answer
+    assert refused(red, "header_size") == before + 1
+
+
+def test_a_client_that_leaves_mid_body_counts_as_499(red: Gateway) -> None:
+    counted = red.metric("satisfice_requests_total", route="error", status="499")
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n"
+        f"Authorization: Bearer {KEY_A}\r\nContent-Type: application/json\r\n"
+        "Content-Length: 1000\r\n\r\n{"
+    ).encode()
+    with connect(red) as sock:
+        sock.sendall(head)
+        time.sleep(0.3)
+    until(
+        lambda: red.metric("satisfice_requests_total", route="error", status="499") == counted + 1,
+        "the chat request counted as 499",
+    )

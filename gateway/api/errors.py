@@ -13,6 +13,7 @@ from litestar.exceptions import HTTPException, InternalServerException, Validati
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
 from engines.base import EngineError, EngineOverloaded, EngineUnavailable, PromptTooLong
+from gateway.api.timeouts import TIMED_OUT
 from gateway.api.wire import ErrorBody, ErrorResponse
 from gateway.ops.metrics import CLIENT_CLOSED
 from gateway.pipeline.outcome import RefusalKind, Refused
@@ -185,8 +186,11 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
         refusal = APIError(400, f"invalid request body: {message}", param=param)
         return _answered(request, exc, refusal.response())
     if isinstance(exc, InternalServerException) and exc.detail == _LEFT_MID_BODY:
-        # The body never came whole: the client left before it had sent it.
-        return _answered(request, exc, Response(b"", status_code=CLIENT_CLOSED))
+        # The body never came whole: the client left before it had sent it, or it came
+        # too slowly and the server closed the connection with a 408 of its own.
+        timed_out = TIMED_OUT in (request.scope.get("extensions") or {})
+        status = 408 if timed_out else CLIENT_CLOSED
+        return _answered(request, exc, Response(b"", status_code=status))
     detail = str(exc.detail)
     if exc.status_code == 400:
         # Litestar's other 400s come from msgspec failing to parse the bytes at all.

@@ -34,6 +34,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.api.app import create_app
+    from gateway.api.timeouts import ReadLimits, guarded_protocol
 
     def adjust(config: GatewayConfig) -> GatewayConfig:
         """The command line's host and port over the file's, on each (re)load."""
@@ -55,14 +56,25 @@ def _serve(args: argparse.Namespace) -> int:
         server.should_exit = True
 
     path = None if args.config is None else Path(args.config)
+    app = create_app(config, path, adjust, on_start_failure=stop)
+    settings = config.server
+    limits = ReadLimits(
+        header_s=settings.header_timeout_s,
+        body_s=settings.body_timeout_s,
+        body_min_rate=settings.body_min_rate,
+        max_header_bytes=settings.max_header_bytes,
+    )
     server = uvicorn.Server(
         uvicorn.Config(
-            create_app(config, path, adjust, on_start_failure=stop),
-            host=config.server.host,
-            port=config.server.port,
+            app,
+            host=settings.host,
+            port=settings.port,
             log_level="info",
             log_config=None,  # configure_logging's handler serves uvicorn's loggers too
             timeout_graceful_shutdown=30,
+            timeout_keep_alive=settings.keep_alive_timeout_s,
+            # uvicorn has no read timeouts of its own (gateway/api/timeouts.py).
+            http=guarded_protocol(limits, app.state.runtime.metrics.connection_refused),
         )
     )
     server.run()

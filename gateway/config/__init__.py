@@ -67,6 +67,20 @@ class ServerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     # Log lines on stderr: `text` for people, `json` (one object per line, with the
     # request id and an access line per chat completion) for log collectors.
     log_format: Literal["text", "json"] = "text"
+    # Seconds from a connection's opening (or a request's first byte on a kept-alive
+    # connection) until its request line and headers are whole; a client still sending
+    # them then gets 408 and the connection is closed, one that sent nothing is closed.
+    header_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+    # Seconds a request body may take to arrive after its headers, plus one more for
+    # every `body_min_rate` bytes received, so an upload at a fair speed is never cut;
+    # a body that trickles in slower gets 408 and the connection is closed.
+    body_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0
+    # Bytes per second a long body must keep up, on average, beyond `body_timeout_s`.
+    body_min_rate: Positive = 65_536
+    # Seconds an idle kept-alive connection stays open between requests.
+    keep_alive_timeout_s: Positive = 5
+    # Most bytes of a request line and headers; more get 431 and the connection closed.
+    max_header_bytes: Positive = 65_536
 
 
 # Where an OpenTelemetry Collector listens for OTLP/HTTP traces by default.

@@ -57,7 +57,8 @@ ConfigMap). The new file is validated whole first; if it passes, it is put in fo
 in one step between requests, and requests already running finish on the config they
 started with. A file that fails, or that changes what the process was built from
 (`engines`, `embedder`, `models_dir`, `server.host`/`port`/`max_body_bytes`/
-`log_format`/`watch_interval_s`, turning `router`, `cache` or `loop` on or off,
+`log_format`/`watch_interval_s`/`header_timeout_s`/`body_timeout_s`/`body_min_rate`/
+`keep_alive_timeout_s`/`max_header_bytes`, turning `router`, `cache` or `loop` on or off,
 `router.model_file`/`small_engine`/`large_engine`, `cache.store`, `cache.index`,
 `loop.calibrator`, `auth.rate_limit_url`, `telemetry`), is refused as a whole: the last good
 config stays, the log says why and `satisfice_config_reloads_total{{result="failure"}}`

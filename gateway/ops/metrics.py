@@ -105,6 +105,16 @@ class Metrics:
         )
         for result in ("success", "failure"):
             self.config_reloads.labels(result=result)
+        self.connections_refused = Counter(
+            "satisfice_connections_refused",
+            "Connections the server closed for a read limit: idle (not a byte before "
+            "header_timeout_s), header (headers too slow: 408), header_size (431), body "
+            "(body too slow: 408)",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in ("idle", "header", "header_size", "body"):
+            self.connections_refused.labels(reason=reason)
         registry.register(_Collected(engines, cache))
 
     def exchange(self) -> Exchange:
@@ -114,6 +124,9 @@ class Metrics:
         """A chat request that ended before the handler ran (its key, its headers or its
         body refused, or a failure there)."""
         self.requests.labels(route=NO_ROUTE, status=str(status)).inc()
+
+    def connection_refused(self, reason: str) -> None:
+        self.connections_refused.labels(reason=reason).inc()
 
     def reloaded(self, *, ok: bool) -> None:
         self.config_reloads.labels(result="success" if ok else "failure").inc()
