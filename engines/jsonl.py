@@ -36,6 +36,8 @@ def decode_lines(lines: Iterable[bytes], kind: type[T]) -> Iterator[T | BadLine]
             yield decoder.decode(line)
         except msgspec.DecodeError as exc:
             yield BadLine(number, str(exc))
+        except RecursionError:  # the parser's own limit: a bad line, not a crash
+            yield BadLine(number, "arrays or objects nested too deeply")
 
 
 class Loaded(msgspec.Struct, Generic[T], frozen=True):

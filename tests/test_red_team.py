@@ -24,7 +24,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.api.auth import hash_key
-from tests.support import start_gateway, stop
+from tests.support import satisfice, start_gateway, stop
 
 ADMIN = f"sk-admin-{uuid.uuid4().hex}"
 KEY_A, KEY_A2, KEY_B, THINKER, QUICK, THROTTLED = (
@@ -661,3 +661,49 @@ def test_a_client_that_leaves_mid_body_counts_as_499(red: Gateway) -> None:
         lambda: red.metric("satisfice_requests_total", route="error", status="499") == counted + 1,
         "the chat request counted as 499",
     )
+
+
+# -- 8. warm-up's tenant is a tenant name ---------------------------------------------
+
+FAQ = b'{"prompt": "What are your opening hours?", "response": "Nine to five."}\n'
+
+
+@pytest.mark.parametrize(
+    "tenant", ["*", "", "../tA", "tA\nx", "t" * 5000, "tA:small", "tB:*", "t A"]
+)
+def test_warmup_refuses_what_is_not_a_tenant_name(red: Gateway, tenant: str) -> None:
+    with red.admin() as admin:
+        stats = admin.get("/admin/cache/stats").json()
+        response = admin.post("/admin/cache/warmup", params={"tenant": tenant}, content=FAQ)
+        error = error_of(response, 400)
+        assert error["param"] == "tenant" and len(error["message"]) < 300
+        assert admin.get("/admin/cache/stats").json() == stats  # nothing was stored
+
+
+def test_warmup_fills_the_tenant_it_names_and_no_other(red: Gateway) -> None:
+    with red.admin() as admin:
+        report = admin.post("/admin/cache/warmup", params={"tenant": "tB"}, content=FAQ)
+        assert report.status_code == 200 and report.json()["lines"] == 1
+    ask = {"model": "auto", "messages": user("What are your opening hours?"), "temperature": 0}
+    served = red.chat(ask, key=KEY_B)
+    assert served.headers["x-satisfice-cache"] == "exact"
+    assert served.json()["choices"][0]["message"]["content"] == "Nine to five."
+    other = red.chat({**ask, "max_tokens": 1}, key=KEY_A)
+    assert other.headers["x-satisfice-cache"] != "exact"
+
+
+def test_a_warmup_line_nested_too_deeply_is_a_bad_line(red: Gateway) -> None:
+    deep = b'{"prompt": "p", "response": "r", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n"
+    with red.admin() as admin:
+        response = admin.post("/admin/cache/warmup", params={"tenant": "tB"}, content=FAQ + deep)
+    assert response.status_code == 200, response.text
+    report = response.json()
+    assert report["lines"] == 2 and report["bad"] == 1
+    assert report["errors"] == [{"line": 2, "error": "arrays or objects nested too deeply"}]
+
+
+def test_the_warmup_command_refuses_what_is_not_a_tenant_name(tmp_path: Path) -> None:
+    faq = tmp_path / "faq.jsonl"
+    faq.write_bytes(FAQ)
+    done = satisfice("cache", "warmup", str(faq), "--namespace", "tA:small", timeout_s=120)
+    assert done.returncode != 0 and "not a tenant name" in done.stderr

@@ -14,8 +14,9 @@ from litestar.openapi.datastructures import ResponseSpec
 from cache.semantic_cache import CacheStats, SemanticCache
 from cache.store import StoreUnavailable
 from cache.warmup import WarmupReport, warm
-from gateway.api.errors import APIError
+from gateway.api.errors import APIError, shown
 from gateway.api.wire import ErrorResponse
+from gateway.config import valid_tenant
 from gateway.runtime import Runtime
 
 # A warm-up upload may be far larger than a chat request.
@@ -111,6 +112,13 @@ async def cache_invalidate(data: Invalidate, state: State) -> Invalidated:
 async def cache_warmup(
     state: State, request: Request[Any, Any, Any], tenant: str = "default"
 ) -> WarmupReport:
+    if not valid_tenant(tenant):
+        raise APIError(
+            400,
+            f"tenant {shown(tenant)} is not a tenant name: 1 to 64 letters, digits, '_', "
+            "'-' or '.'",
+            param="tenant",
+        )
     cache = _cache(state)
     runtime: Runtime = state.runtime
     assert runtime.embedder is not None  # a cache always comes with the embedder

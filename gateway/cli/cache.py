@@ -16,7 +16,7 @@ from cache.semantic_cache import CacheStats, SemanticCache
 from cache.settings import CacheSettings
 from cache.standalone import opened
 from cache.warmup import DryRun, WarmupReport, dry_run_file, parse_queries, warm
-from gateway.config import GatewayConfig, load_config
+from gateway.config import GatewayConfig, load_config, valid_tenant
 from router.embedder import Embedder
 
 
@@ -49,6 +49,11 @@ def _settings(config: GatewayConfig) -> CacheSettings:
 def cache_warmup(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    if not valid_tenant(args.namespace):
+        raise SystemExit(
+            f"--namespace {args.namespace!r} is not a tenant name: 1 to 64 letters, digits, "
+            "'_', '-' or '.'"
+        )
     config = load_config(args.config)
     data = Path(args.file).read_bytes()
     queries = Path(args.queries).read_bytes() if args.queries else None

@@ -150,6 +150,14 @@ class TenantSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
 _NO_OVERRIDES = TenantSettings()
 _TENANT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
+
+def valid_tenant(name: str) -> bool:
+    """Whether ``name`` may name a tenant: letters, digits, '_', '-' or '.', 1 to 64 of
+    them. A tenant begins each cache namespace key (tenant:model:...), so a colon or a
+    wildcard in one could make another tenant's selector match it."""
+    return _TENANT_NAME.fullmatch(name) is not None
+
+
 Sha256 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
 
 
