@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import select
+import signal
 import socket
 import time
 import uuid
@@ -24,7 +25,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.api.auth import hash_key
-from tests.support import satisfice, start_gateway, stop
+from tests.support import config_file, free_port, satisfice, spare_redis, start_gateway, stop
 
 ADMIN = f"sk-admin-{uuid.uuid4().hex}"
 KEY_A, KEY_A2, KEY_B, THINKER, QUICK, THROTTLED = (
@@ -707,3 +708,61 @@ def test_the_warmup_command_refuses_what_is_not_a_tenant_name(tmp_path: Path) ->
     faq.write_bytes(FAQ)
     done = satisfice("cache", "warmup", str(faq), "--namespace", "tA:small", timeout_s=120)
     assert done.returncode != 0 and "not a tenant name" in done.stderr
+
+
+# -- 9. rate limits while their Redis hangs: what the SRE chose ------------------------
+
+LIMITED = f"sk-limited-{uuid.uuid4().hex}"
+FREE = f"sk-free-{uuid.uuid4().hex}"
+
+
+def _outage_config(redis_port: int, outage: str, requests_per_minute: int) -> str:
+    return f"""
+server:
+  watch_interval_s: null
+auth:
+  rate_limit_url: redis://127.0.0.1:{redis_port}/0
+  rate_limit_outage: {outage}
+  keys:
+    limited: {{sha256: {hash_key(LIMITED)}, requests_per_minute: {requests_per_minute}}}
+    free: {{sha256: {hash_key(FREE)}}}
+engines:
+  small:
+    backend: llama_cpp
+    model: smollm2-135m-instruct
+"""
+
+
+def test_rate_limits_while_their_redis_hangs_do_what_the_config_says(tmp_path: Path) -> None:
+    """`open` (the default, tested in test_rate_limits) admits everyone; `closed` refuses
+    limited keys with 503 and Retry-After; `local` limits each key in this process."""
+    redis_port = free_port()
+    redis = spare_redis(redis_port, tmp_path)
+    url, gateway = start_gateway(_outage_config(redis_port, "closed", 100), tmp_path)
+    try:
+        limited = Gateway(url, tmp_path / "unused.log")
+        ask = limited.chat
+
+        def reloads() -> float:
+            return limited.metric("satisfice_config_reloads_total", result="success")
+
+        assert ask(CHAT, key=LIMITED).status_code == 200
+        redis.send_signal(signal.SIGSTOP)  # hung: connections open, nothing answers
+        try:
+            refused = ask(CHAT, key=LIMITED)
+            error = error_of(refused, 503)
+            assert error["code"] == "rate_limits_unavailable"
+            assert refused.headers["retry-after"] == "1"
+            assert ask(CHAT, key=FREE).status_code == 200  # keys without limits go on
+
+            reloaded = reloads()
+            config_file(gateway).write_text(_outage_config(redis_port, "local", 2))
+            gateway.send_signal(signal.SIGHUP)
+            until(lambda: reloads() == reloaded + 1, "the config reloaded")
+            statuses = [ask(CHAT, key=LIMITED).status_code for _ in range(3)]
+            assert statuses == [200, 200, 429]
+        finally:
+            redis.send_signal(signal.SIGCONT)
+    finally:
+        stop(gateway)
+        stop(redis)

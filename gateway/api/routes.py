@@ -103,7 +103,11 @@ def _ready(state: State) -> Runtime:
         409: ResponseSpec(ErrorResponse, description="A newer turn replaced this request"),
         413: ResponseSpec(ErrorResponse, description="Body larger than the limit"),
         502: ResponseSpec(ErrorResponse, description="The engine failed"),
-        503: ResponseSpec(ErrorResponse, description="Not ready, or engine unavailable"),
+        503: ResponseSpec(
+            ErrorResponse,
+            description="Not ready, engine unavailable, or the rate limits' store "
+            "unavailable with auth.rate_limit_outage: closed",
+        ),
         504: ResponseSpec(
             ErrorResponse,
             description="Cache-Control: only-if-cached and nothing cached, or the deadline "
@@ -153,7 +157,9 @@ async def _chat(
     chat = chat_request(data, runtime.engines, runtime.router is not None, config.server)
     if caller.limits is not None:
         cost = chat.prompt_tokens + chat.params.max_tokens
-        await runtime.limiter.admit(caller.key or "", caller.limits, cost)
+        await runtime.limiter.admit(
+            caller.key or "", caller.limits, cost, config.auth.rate_limit_outage
+        )
     policy = resolve(
         config,
         caller.tenant,
@@ -250,7 +256,11 @@ def _status(exc: BaseException) -> int:
         413: ResponseSpec(ErrorResponse, description="Body larger than the limit"),
         **_JSON_ERRORS,
         429: ResponseSpec(ErrorResponse, description="The key's rate limit; see Retry-After"),
-        503: ResponseSpec(ErrorResponse, description="Not ready"),
+        503: ResponseSpec(
+            ErrorResponse,
+            description="Not ready, or the rate limits' store unavailable with "
+            "auth.rate_limit_outage: closed",
+        ),
     },
 )
 async def explain_route(
@@ -272,7 +282,9 @@ async def explain_route(
             param="model",
         )
     if caller.limits is not None:  # no tokens generated: the prompt's estimate alone
-        await runtime.limiter.admit(caller.key or "", caller.limits, chat.prompt_tokens)
+        await runtime.limiter.admit(
+            caller.key or "", caller.limits, chat.prompt_tokens, config.auth.rate_limit_outage
+        )
     policy = resolve(config, caller.tenant, arrived=time.monotonic())
     return await pipeline.route(chat, policy)
 

@@ -26,6 +26,9 @@ from router.settings import RouterSettings
 # Clients send this name to let the router pick the engine (once the router exists).
 AUTO_MODEL = "auto"
 
+# What per-key rate limits do while their Redis is unavailable (AuthSettings).
+Outage = Literal["open", "local", "closed"]
+
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 
 
@@ -194,6 +197,11 @@ class AuthSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     # Redis URL where per-key rate limits are counted, shared by every replica; null:
     # the cache's Redis when cache.store.kind is redis, else this process alone.
     rate_limit_url: str | None = None
+    # While the rate limits' Redis is unavailable (down, or slower than 0.25 s): `open`
+    # admits every request unlimited, `local` counts each key's limits in this process
+    # alone (each replica allows the whole limit), `closed` refuses limited keys' requests
+    # with 503 and Retry-After. Keys without limits are never refused.
+    rate_limit_outage: Outage = "open"
 
 
 class GatewayConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

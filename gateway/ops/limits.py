@@ -21,7 +21,7 @@ from redis.exceptions import RedisError
 from cache.redis_store import redis_client
 from engines.breaker import Breaker, BreakerOpen
 from gateway.api.errors import APIError
-from gateway.config import KeySettings
+from gateway.config import KeySettings, Outage
 
 log = logging.getLogger("satisfice.gateway")
 
@@ -140,8 +140,14 @@ class RateLimiter:
         # The same "is it down?" rule as the cache's Redis store: after one failure the
         # counters are left alone for a while (memory counters never fail).
         self._breaker = breaker or Breaker(failures=1, open_s=_REDIS_RETRY_S)
+        # Where the "local" outage policy counts while the shared counters are away.
+        self._local = MemoryCounters()
 
-    async def admit(self, key: str, settings: KeySettings, tokens: int) -> None:
+    async def admit(
+        self, key: str, settings: KeySettings, tokens: int, outage: Outage = "open"
+    ) -> None:
+        """Charge a request of ``tokens`` to ``key``, or refuse it with 429; ``outage``
+        says what to do while the counters' store is unavailable."""
         requests_limit = settings.requests_per_minute or 0
         tokens_limit = settings.tokens_per_minute or 0
         if not requests_limit and not tokens_limit:
@@ -156,7 +162,10 @@ class RateLimiter:
             )
         now = time.time()
         window, share = int(now // WINDOW_S), (now % WINDOW_S) / WINDOW_S
-        refusal = await self._count(key, window, share, (requests_limit, tokens_limit), tokens)
+        limits = (requests_limit, tokens_limit)
+        refusal = await self._count(key, window, share, limits, tokens, outage)
+        if refusal is _UNAVAILABLE:
+            refusal = await self._unavailable(outage, key, window, share, limits, tokens)
         if refusal is None:
             return
         limit = requests_limit if refusal.limit == "requests" else tokens_limit
@@ -172,20 +181,26 @@ class RateLimiter:
         )
 
     async def _count(
-        self, key: str, window: int, share: float, limits: tuple[int, int], tokens: int
+        self,
+        key: str,
+        window: int,
+        share: float,
+        limits: tuple[int, int],
+        tokens: int,
+        outage: Outage,
     ) -> Refusal | None:
-        """The counters' verdict; None (admitted) while their store is down: limits
-        protect capacity, and an outage of their store must not become one of the API."""
+        """The counters' verdict, or ``_UNAVAILABLE`` while their store is down (and
+        then, for a while after a failure, without asking it)."""
         try:
             ticket = self._breaker.admit()
         except BreakerOpen:
-            return None
+            return _UNAVAILABLE
         try:
             refusal = await self._counters.admit(key, window, share, limits, tokens)
         except (RedisError, OSError) as exc:
             if self._breaker.failed(ticket):
-                log.error("rate limits off: their Redis is unavailable: %s", exc)
-            return None
+                log.error("%s: their Redis is unavailable: %s", _MEANWHILE[outage], exc)
+            return _UNAVAILABLE
         except BaseException:
             self._breaker.abandoned(ticket)
             raise
@@ -193,8 +208,43 @@ class RateLimiter:
             log.info("rate limits on again: their Redis answers")
         return refusal
 
+    async def _unavailable(
+        self,
+        outage: Outage,
+        key: str,
+        window: int,
+        share: float,
+        limits: tuple[int, int],
+        tokens: int,
+    ) -> Refusal | None:
+        """The verdict while the counters are away: ``open`` admits (limits protect
+        capacity, and an outage of their store must not become one of the API),
+        ``local`` counts in this process alone, ``closed`` refuses with 503."""
+        if outage == "local":
+            return await self._local.admit(key, window, share, limits, tokens)
+        if outage == "closed":
+            raise APIError(
+                503,
+                "rate limits are unavailable (their Redis does not answer) and this "
+                "gateway refuses limited keys' requests meanwhile; retry shortly",
+                type="server_error",
+                code="rate_limits_unavailable",
+                retry_after_s=_REDIS_RETRY_S,
+            )
+        return None
+
     async def close(self) -> None:
         await self._counters.close()
+
+
+# The counters could not be asked (their store is down), as _count answers it.
+_UNAVAILABLE = Refusal("unavailable", 0, 0)
+# What the log says becomes of limits during an outage, by policy.
+_MEANWHILE: dict[Outage, str] = {
+    "open": "rate limits off",
+    "local": "rate limits counted by this replica alone",
+    "closed": "requests of limited keys refused",
+}
 
 
 def retry_after(refusal: Refusal, limit: int, cost: int, share: float) -> int:
