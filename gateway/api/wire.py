@@ -51,7 +51,7 @@ class ChatCompletionRequest(Struct, frozen=True, kw_only=True):
     top_p: Annotated[float, Meta(gt=0, le=1, extra_json_schema=_ABOVE_ZERO)] | None = None
     n: Annotated[int, Meta(ge=1)] | None = None
     stop: str | Annotated[list[str], Meta(max_length=4)] | None = None
-    seed: int | None = None
+    seed: Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)] | None = None  # int64, as OpenAI's
     frequency_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
     presence_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
     logprobs: bool | None = False
