@@ -33,9 +33,10 @@ from gateway.api.wire import ChatCompletion, ChatCompletionRequest, ErrorRespons
 from gateway.config import AUTO_MODEL, GatewayConfig
 from gateway.ops import logs, tracing
 from gateway.ops.metrics import CLIENT_CLOSED, CONTENT_TYPE, Exchange
-from gateway.pipeline.outcome import SERVED, Decision, Refused
+from gateway.pipeline.outcome import Decision, Refused
 from gateway.pipeline.pipeline import Pipeline
-from gateway.pipeline.policy import resolve
+from gateway.pipeline.policy import Policy, resolve
+from gateway.pipeline.request import ChatRequest
 from gateway.runtime import Runtime
 from router.router import RouteDecision
 
@@ -168,8 +169,6 @@ async def _chat(
         control=asked.cache,
         conversation=asked.conversation or _user_conversation(data, config),
     )
-    # From here the work is the engines': it stops when the client leaves.
-    outcome = await _unless_gone(request, pipeline.run(chat, policy, decision))
     reply = render.Reply(
         id=f"chatcmpl-{uuid.uuid4().hex}",
         created=int(time.time()),
@@ -177,18 +176,20 @@ async def _chat(
         include_usage=chat.include_usage,
         trace=asked.trace,
     )
+    # From here the work is the engines': it stops when the client leaves (a stream's
+    # client, by closing the stream).
     if data.stream:
+        outcome = await _unless_gone(request, pipeline.run(chat, policy, decision))
         body = render.chunks(outcome, reply, lambda: exchange.first_byte(decision.route), end)
         headers = {**decision_headers(decision), "Cache-Control": "no-cache"}
         return Stream(body, media_type="text/event-stream", headers=headers)
     try:
-        if decision.cache in SERVED:  # in hand: nothing to stop if the client leaves
-            completion = await render.completion(outcome, reply)
-        else:
-            completion = await _unless_gone(request, render.completion(outcome, reply))
+        completion = await _unless_gone(
+            request, _completion(pipeline, chat, policy, decision, reply)
+        )
     except (Refused, EngineError) as exc:
-        # Refused once the answer was under way (the loop's deadline with the error
-        # fallback, a newer turn): the error says what was decided up to then.
+        # The error says what was decided up to then (the loop's deadline with the error
+        # fallback, a newer turn, an engine that refused).
         error = APIError.of(exc)
         assert error is not None
         end(error.status)
@@ -197,6 +198,17 @@ async def _chat(
         return refusal
     end(200)
     return Response(completion, media_type="application/json", headers=decision_headers(decision))
+
+
+async def _completion(
+    pipeline: Pipeline,
+    chat: ChatRequest,
+    policy: Policy,
+    decision: Decision,
+    reply: render.Reply,
+) -> bytes:
+    """A plain answer, whole: the pipeline's outcome, drained into one completion."""
+    return await render.completion(await pipeline.run(chat, policy, decision), reply)
 
 
 def _user_conversation(data: ChatCompletionRequest, config: GatewayConfig) -> str | None:

@@ -47,6 +47,7 @@ def chat_request(
         names=tuple(m.name for m in request.messages),
         params=params,
         include_usage=bool(request.stream_options and request.stream_options.include_usage),
+        stream=bool(request.stream),
         prompt_tokens=prompt_tokens,
     )
 

@@ -20,7 +20,6 @@ from evaluator.loop import LoopTrace
 # How the cache took part: served the answer (exact, semantic; coalesced: shared from
 # an identical request in flight), looked and missed, was told not to look, or is off.
 CacheStatus = Literal["exact", "semantic", "coalesced", "miss", "bypass", "off"]
-SERVED: frozenset[CacheStatus] = frozenset(("exact", "semantic", "coalesced"))
 
 # The route of a request that failed before it had one.
 NO_ROUTE = "error"

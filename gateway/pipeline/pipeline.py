@@ -278,19 +278,22 @@ class Pipeline:
         """One pass of ``engine``. Its first event is awaited here, so that an overloaded
         engine or a prompt too long is refused before the response begins."""
         params = request.params
-        storing = keeper.stores
-        if storing and not params.logprobs:  # the answer's confidence needs them
+        if keeper.stores and not params.logprobs:  # the answer's confidence needs them
             params = msgspec.structs.replace(params, logprobs=True)
+        logprobs = request.params.logprobs
+        if not request.stream:
+            generation = await engine.generate(request.messages, params, decision.deadline)
+            _failed_over(decision)
+            _settle(generation, decision, keeper)
+            return _whole(generation, logprobs)
         events = engine.stream(request.messages, params, decision.deadline)
         try:
             first = await anext(events)
         except BaseException:
             await events.aclose()
             raise
-        failover = failed_over()
-        if failover is not None:
-            decision.engine, decision.failover = failover.target, failover.source
-        return _generated(first, events, request.params.logprobs, decision, keeper)
+        _failed_over(decision)
+        return _generated(first, events, logprobs, decision, keeper)
 
     def _think(
         self,
@@ -350,22 +353,43 @@ async def _generated(
             while isinstance(event, Delta):
                 yield TextDelta(event.index, event.text, event.logprobs if logprobs else None)
                 event = await anext(events)
-        generation = event
-        decision.engine_s = max(s.timings.queue_s + s.timings.total_s for s in generation.samples)
-        # A fallback engine's answer (its engine was unavailable) is shared with
-        # identical requests in flight but not kept as the asked engine's answer.
-        stand_in = decision.failover is not None
-        keeper.settle(
-            _answer_of(generation),
-            engine=generation.engine,
-            tier=decision.route,
-            confidence=token_confidence(generation),
-            store=not stand_in,
-        )
-        reasons = tuple(s.finish_reason for s in sorted(generation.samples, key=lambda s: s.index))
-        yield Finished(reasons, generation.prompt_tokens, generation.completion_tokens)
+        _settle(event, decision, keeper)
+        yield _finished(event)
     finally:
         keeper.settle(None)  # nothing, if it ended before the generation was whole
+
+
+async def _whole(generation: Generation, logprobs: bool) -> AsyncGenerator[Event]:
+    """A whole generation as events: each choice's text at once."""
+    samples = sorted(generation.samples, key=lambda s: s.index)
+    for s in samples:
+        yield TextDelta(s.index, s.text, s.logprobs if logprobs else None)
+    yield _finished(generation)
+
+
+def _failed_over(decision: Decision) -> None:
+    """Note the engine that answered instead of the one asked (it was unavailable)."""
+    failover = failed_over()
+    if failover is not None:
+        decision.engine, decision.failover = failover.target, failover.source
+
+
+def _settle(generation: Generation, decision: Decision, keeper: Keeper) -> None:
+    decision.engine_s = max(s.timings.queue_s + s.timings.total_s for s in generation.samples)
+    # A fallback engine's answer (its engine was unavailable) is shared with identical
+    # requests in flight but not kept as the asked engine's answer.
+    keeper.settle(
+        _answer_of(generation),
+        engine=generation.engine,
+        tier=decision.route,
+        confidence=token_confidence(generation),
+        store=decision.failover is None,
+    )
+
+
+def _finished(generation: Generation) -> Finished:
+    reasons = tuple(s.finish_reason for s in sorted(generation.samples, key=lambda s: s.index))
+    return Finished(reasons, generation.prompt_tokens, generation.completion_tokens)
 
 
 async def _thought(run: LoopRun, decision: Decision, keeper: Keeper) -> AsyncGenerator[Event]:

@@ -18,6 +18,9 @@ class ChatRequest(msgspec.Struct, frozen=True, kw_only=True):
     # exactly these, so no answer is served to a request that samples otherwise.
     params: SamplingParams
     include_usage: bool  # a stream ends with a usage chunk
+    # The answer as it comes (a stream), or whole: a plain answer is asked of the
+    # engine whole, and crosses the gateway in one step rather than one per token.
+    stream: bool = False
     # The prompt's size by the gateway's estimate (UTF-8 bytes / 4): what rate limits
     # charge before the engine has counted.
     prompt_tokens: int
