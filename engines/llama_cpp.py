@@ -46,6 +46,12 @@ from engines.settings import LlamaCppSettings
 from engines.stops import StopMatcher
 from engines.templates import CompletionTemplate, continues
 
+# With verbose=False, llama-cpp-python points the process's stdout and stderr at
+# /dev/null while a model loads and then restores what it found. Two loads at once
+# interleave: the later one finds /dev/null and restores it, and every log line after
+# is lost. The file descriptors are the process's, so the lock is too.
+_LOADING = threading.Lock()
+
 
 class TokenBytes:
     """The bytes of each token, memoised (llama-cpp-python's ``token_to_piece``
@@ -103,13 +109,14 @@ class _Worker:
     """One llama.cpp model instance and the blocking loop that samples from it."""
 
     def __init__(self, path: Path, settings: LlamaCppSettings) -> None:
-        self.llm = llama_cpp.Llama(
-            model_path=str(path),
-            n_ctx=settings.context_tokens,
-            n_threads=settings.threads,
-            n_threads_batch=settings.threads,
-            verbose=False,
-        )
+        with _LOADING:
+            self.llm = llama_cpp.Llama(
+                model_path=str(path),
+                n_ctx=settings.context_tokens,
+                n_threads=settings.threads,
+                n_threads_batch=settings.threads,
+                verbose=False,
+            )
         self.context_tokens = settings.context_tokens
         self.token_bytes = TokenBytes(self.llm)
         self.tokens_generated = 0  # read by the engine for its token counter

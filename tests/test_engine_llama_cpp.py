@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import llama_cpp
+import msgspec
 import pytest
 
 from engines.base import (
@@ -23,6 +25,7 @@ from engines.base import (
 from engines.bundled import SMOLLM2, model_file
 from engines.llama_cpp import LlamaCppEngine
 from engines.settings import LlamaCppSettings
+from gateway.config import GatewayConfig
 
 QUESTION = (Message("user", "What is the capital of France? Answer in one word."),)
 STORY = (Message("user", "Write a long story about a dragon and a knight."),)
@@ -233,3 +236,24 @@ async def test_deadline_while_queued_returns_empty_sample(small_engine: LlamaCpp
     sample = generation.samples[0]
     assert (sample.text, sample.finish_reason, sample.completion_tokens) == ("", "deadline", 0)
     assert sample.timings.queue_s >= 0.2 and waited < 0.2 + 0.1
+
+
+async def test_models_loading_at_once_leave_stderr_where_it_was(
+    default_config: GatewayConfig, models_dir: Path
+) -> None:
+    """llama-cpp-python points the process's stderr at /dev/null while a model loads
+    (verbose=False) and back afterwards. Two loads at once would each restore what
+    they found, and the later one finds /dev/null: every log line after it is lost."""
+    before = os.fstat(2)
+    engines = []
+    for name in ("small", "large"):
+        settings = default_config.engines[name]
+        assert isinstance(settings, LlamaCppSettings)
+        concurrent = msgspec.structs.replace(settings, concurrency=3)
+        engines.append(LlamaCppEngine(name, concurrent, models_dir))
+    try:
+        await asyncio.gather(*(engine.start() for engine in engines))
+        after = os.fstat(2)
+    finally:
+        await asyncio.gather(*(engine.close() for engine in engines))
+    assert (after.st_dev, after.st_ino) == (before.st_dev, before.st_ino)
