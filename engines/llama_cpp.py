@@ -121,13 +121,6 @@ class _Worker:
         self.token_bytes = TokenBytes(self.llm)
         self.tokens_generated = 0  # read by the engine for its token counter
 
-    def warm_up(self) -> None:
-        """Decode a prompt and one token, so that an engine that says it has started
-        has generated, and the first request does not pay for the first pages."""
-        tokens = self.llm.generate(self.llm.tokenize(b"Hello"), temp=0.0)
-        next(tokens)
-        tokens.close()
-
     def run(
         self,
         engine: str,
@@ -301,17 +294,17 @@ class LlamaCppEngine(FanOutEngine):
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         path = await loop.run_in_executor(self._executor, model_file, self.model, self._models_dir)
-        # A library this host cannot run would kill this process at its first token;
-        # a child process finds that out first (NativeLibraryError says what to do).
+        # A library this host cannot run would kill this process at its first token:
+        # a child process generates with this model first (LlamaCppUnusable says what
+        # to do otherwise), so an engine that starts has a model that generates here.
+        # Not a warm-up token in this process as well: one at start made every later
+        # streamed first token through the gateway 13-15 ms slower (docs/benchmarks.md).
         await check_models([path], self._settings.threads)
         loads = [
             loop.run_in_executor(self._executor, _Worker, path, self._settings)
             for _ in range(self._settings.concurrency)
         ]
         self._workers = list(await asyncio.gather(*loads))
-        await asyncio.gather(
-            *(loop.run_in_executor(self._executor, worker.warm_up) for worker in self._workers)
-        )
         self._idle = list(self._workers)
         if self._completion is None:
             self._formatter = self._chat_formatter(self._idle[0].llm)

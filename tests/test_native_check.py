@@ -22,7 +22,14 @@ import httpx
 import pytest
 
 from engines.llama_cpp import LlamaCppEngine
-from engines.native_check import REBUILD, amx_instructions, explain, library_path
+from engines.native_check import (
+    REBUILD,
+    LlamaCppUnusable,
+    amx_instructions,
+    explain,
+    library_path,
+)
+from engines.settings import LlamaCppSettings
 from tests.support import ROOT, satisfice, start_gateway, stop
 
 x86_only = pytest.mark.skipif(platform.machine() != "x86_64", reason="AMX is x86-64's")
@@ -128,7 +135,14 @@ def test_serve_exits_non_zero_when_an_engine_cannot_generate(tmp_path: Path) -> 
     assert f"could not generate with {broken}" in printed
 
 
-async def test_a_started_engine_has_generated(small_engine: LlamaCppEngine) -> None:
-    """Ready means generated: each model instance decoded a token during start()."""
-    assert small_engine._workers
-    assert all(worker.llm.n_tokens > 0 for worker in small_engine._workers)
+async def test_start_generates_in_a_test_process_before_loading(tmp_path: Path) -> None:
+    """An engine that has started has had its model generate on this host: start()
+    runs the check before this process loads the model, so a model that cannot
+    generate fails with the check's error, not the in-process loader's."""
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + bytes(range(256)) * 64)
+    engine = LlamaCppEngine("small", LlamaCppSettings(model=str(broken)), tmp_path)
+    with pytest.raises(LlamaCppUnusable, match=f"could not generate with {broken}"):
+        await engine.start()
+    assert not engine._workers
+    await engine.close()
