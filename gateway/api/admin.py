@@ -38,9 +38,11 @@ _ADMIN_BODY_ERRORS = {
 }
 
 
-def require_admin(
+async def require_admin(
     connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler
 ) -> None:
+    """The admin key, or a key with admin: true (a coroutine: Litestar would run a plain
+    function guard in its thread pool)."""
     runtime: Runtime = connection.app.state.runtime
     runtime.keys.admin(connection.headers)
 

@@ -49,7 +49,11 @@ _JSON_ERRORS = {
 }
 
 
-def require_key(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+# The guards are coroutines, though nothing in them waits: Litestar runs a plain
+# function guard in its thread pool, a thread hop for every request.
+
+
+async def require_key(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
     """Before the body is read: who is calling (401 without a valid key, when keys are
     configured), and the config this request keeps to its end, even across a reload."""
     runtime: Runtime = connection.app.state.runtime
@@ -59,7 +63,7 @@ def require_key(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHand
     connection.state.caller = keys.caller(connection.headers)
 
 
-def require_json(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+async def require_json(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
     """Before the body is read: it is JSON only when it says so. A browser may send a
     cross-site "simple" request with a text/plain or form body, or with none declared;
     reading such a body as JSON would let any web page call an open gateway."""
