@@ -357,16 +357,27 @@ def _leading(red: Gateway, max_tokens: int) -> tuple[Engine, dict[str, Any], soc
     return engine, body, leader
 
 
+def _misses(red: Gateway) -> float:
+    return red.metric("satisfice_cache_misses_total")
+
+
+def _joined(red: Gateway, misses: float) -> None:
+    """Wait until an identical request has joined the leader's flight: it does so in the
+    same step as it counts its cache miss, with nothing awaited between (so not by a
+    pause, which a slow host may outlast)."""
+    until(lambda: _misses(red) > misses, "the identical request missed the cache and joined")
+
+
 def test_a_leader_whose_client_left_answers_the_identical_requests_waiting(
     red: Gateway,
 ) -> None:
     """Identical requests in flight share one engine call. The first one's client
     leaving must not take the answer from the others still waiting for it."""
     engine, body, leader = _leading(red, max_tokens=150)
-    gone = engine.ended(499)
+    gone, misses = engine.ended(499), _misses(red)
     with ThreadPoolExecutor(1) as pool:
         follower = pool.submit(red.chat, body, KEY_A2)
-        time.sleep(1.0)  # the follower has joined (it only needs the exact lookup)
+        _joined(red, misses)
         assert not follower.done()
         leader.close()
         until(lambda: engine.ended(499) == gone + 1, "the leader's request ended 499")
@@ -379,9 +390,9 @@ def test_a_leader_whose_client_left_answers_the_identical_requests_waiting(
 
 def test_work_whose_every_waiter_left_stops_within_a_token(red: Gateway) -> None:
     engine, body, leader = _leading(red, max_tokens=400)
-    before, gone = engine.sampled(), engine.ended(499)
+    before, gone, misses = engine.sampled(), engine.ended(499), _misses(red)
     follower = send_raw(red, body, key=KEY_A2)
-    time.sleep(1.0)  # the follower has joined
+    _joined(red, misses)
     leader.close()
     until(lambda: engine.ended(499) == gone + 1, "the leader's request ended 499")
     # The follower still waits: the work goes on for it ...
@@ -483,10 +494,13 @@ def test_a_message_name_scopes_the_cached_answer(red: Gateway) -> None:
         if name is not None:
             message["name"] = name
         body = {"model": "small", "messages": [message], "temperature": 0, **FIRST_SENTENCE}
+        writes = red.metric("satisfice_cache_writes_total")
         response = red.chat(body)
         assert response.status_code == 200, response.text
-        time.sleep(0.2)  # the write-back of a miss
-        return response.headers["x-satisfice-cache"]
+        served = response.headers["x-satisfice-cache"]
+        if served == "miss":  # its answer is written back after it is sent
+            until(lambda: red.metric("satisfice_cache_writes_total") > writes, "the write-back")
+        return served
 
     assert ask("alice") == "miss"
     assert ask("alice") == "exact"
