@@ -65,10 +65,7 @@ async def _ready(http: httpx.AsyncClient, url: str, process: subprocess.Popen[by
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise SystemExit(
-                f"the gateway at {url} exited with {process.returncode}; its log is in "
-                f"{tempfile.gettempdir()}/proxy-baseline-*/"
-            )
+            raise SystemExit(f"the gateway at {url} exited with {process.returncode}")
         try:
             if (await http.get(f"{url}/readyz")).status_code == 200:
                 return
@@ -132,6 +129,7 @@ def main() -> None:
     ports = {name: _free_port() for name in ("backend", "this", "baseline")}
     work = Path(tempfile.mkdtemp(prefix="proxy-baseline-"))
     (work / "gateway.yaml").write_text(_config(ports["backend"]))
+    print(f"the processes' logs: {work}", file=sys.stderr)
     backend_command = [
         sys.executable, str(ROOT / "bench" / "litellm_overhead.py"),
         "--serve-backend", str(ports["backend"]),
