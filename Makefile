@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 DATA ?= ../shared/data
 OUT := bench/out
 
-.PHONY: install serve test test-all lint bench default-router default-calibrator
+.PHONY: install serve test test-all lint bench default-router default-calibrator verifier
 
 # llama.cpp is compiled for this host's CPU (-march=native), with AMX switched off at
 # compile time: some x86-64 hosts advertise AMX without letting a process use it, and a
@@ -104,6 +104,16 @@ default-calibrator: $(STAMP)
 	$(BIN)/python bench/convert_datasets.py --data $(DATA) --per-source 100 --sources arc_easy,boolq,simple_arithmetic,triviaqa,multiarith --out $(OUT)/bank_questions.jsonl
 	$(BIN)/satisfice evaluator bank --dataset $(OUT)/bank_questions.jsonl --out $(OUT)/bank.jsonl --engine large --samples 16 --max-tokens 32
 	$(BIN)/satisfice evaluator fit --runs $(OUT)/bank.jsonl --k 1 2 4 8 12 16 --out evaluator/data/default.calibrator
+
+# The cache's verifier, shipped in cache/data: a pair model trained on the public QQP
+# and PAWS-Wiki fit splits (bench/verifier_data.py keeps every report pair out), then
+# its outcomes on the calibrate splits, through the cache's own lookup, from which the
+# operating point of any cache.max_false_hit_rate follows. Most of the time is
+# embedding (kept in bench/out between runs).
+verifier: $(STAMP)
+	mkdir -p $(OUT)
+	$(BIN)/python bench/train_verifier.py --data $(DATA) --work $(OUT) --out cache/data/default.verifier
+	$(BIN)/satisfice cache calibrate --pairs $(OUT)/verifier_qqp_calibrate.jsonl --out cache/data/default.calibration
 
 # deploy/requirements.lock from this .venv: the exact pins the container image installs
 # (runtime dependencies only), and deploy/requirements-gpu.lock, what the gpu image adds

@@ -8,11 +8,12 @@ the pair is labelled a duplicate: the metric of `satisfice cache eval`.
     .venv/bin/python bench/cache_vs_gptcache.py --pairs bench/out/pairs_paws.jsonl \\
         --plot docs/img/cache_vs_gptcache_paws.png
 
-- ours: `cache.pairs.sweep` with the default cache settings (threshold
-  0.92, guards on), i.e. exactly what `satisfice cache eval` measures. The same
-  lookup (exact match, then the nearest of ``candidates`` above the threshold that
-  every guard accepts) is also replayed here to learn which prompt each query got;
-  the report says how far the replay agrees with `sweep`.
+- ours: `cache.pairs.sweep`, i.e. exactly what `satisfice cache eval` measures, with
+  the similarity threshold alone (0.92, guards on: `verifier: null`), or with
+  ``--verifier`` the default cache (guards, then the verifier at the operating point
+  of ``--max-false-hit-rate``). Without the verifier the same lookup (exact match,
+  then the nearest of ``candidates`` above the threshold that every guard accepts) is
+  also replayed here, as a check; the report says how far it agrees with `sweep`.
 - GPTCache 0.1.44 through its own adapter API (`cache.init`, `put`, `get` from
   `gptcache.adapter.api`): an embedding function that returns our vectors, its FAISS
   vector store (``IDMap,Flat``, L2), its `SearchDistanceEvaluation`, no eviction
@@ -61,11 +62,13 @@ from gptcache.manager import VectorBase, get_data_manager
 from gptcache.manager.scalar_data.base import CacheData, CacheStorage
 from gptcache.processor.pre import get_prompt
 from gptcache.similarity_evaluation.distance import SearchDistanceEvaluation
+from verifier_data import families
 
 from cache.entry import normalise
 from cache.guards import veto
 from cache.pairs import Pair, read_pairs, sweep
 from cache.settings import CacheSettings
+from cache.verifier import Verification
 from router.embedder import Embedder, EmbedderSettings, Vectors
 
 GPTCACHE_DEFAULT_THRESHOLD = 0.8  # gptcache.config.Config's own default
@@ -134,20 +137,8 @@ class Outcome:
 
 
 def _meaning(pairs: list[Pair]) -> Callable[[str], str]:
-    """Union-find over normalised prompts joined by duplicate labels."""
-    parent: dict[str, str] = {}
-
-    def find(x: str) -> str:
-        parent.setdefault(x, x)
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for pair in pairs:
-        a, b = find(normalise(pair.a)), find(normalise(pair.b))
-        if pair.label == 1:
-            parent[a] = b
+    """Normalised prompts joined by duplicate labels, transitively, share a root."""
+    find = families((normalise(p.a), normalise(p.b)) for p in pairs if p.label == 1)
     return lambda prompt: find(normalise(prompt))
 
 
@@ -161,10 +152,27 @@ def _set_meaning(outcome: Outcome, pairs: list[Pair], group: Callable[[str], str
 
 
 def ours(pairs: list[Pair], embedder: MemoEmbedder, settings: CacheSettings) -> dict[str, Any]:
-    """`sweep` for the figures; a replay of the same lookup for the served prompts."""
+    """`sweep` for the figures; without a verifier, a replay of the same lookup as a check."""
     started = time.perf_counter()
     official = sweep(pairs, settings, encode=embedder.encode, embedding_model=embedder.fingerprint)
     swept_s = time.perf_counter() - started
+    # Exact repeats score above every operating point; nothing served, below every one.
+    score = np.where(official.score < 0, -np.inf, np.minimum(official.score, 1.0 + 1e-9))
+    result = Outcome(score, official.served, pairs)
+    result.correct = official.correct
+    report: dict[str, Any] = {"outcome": result, "seconds": round(swept_s, 1)}
+    if settings.verifier is None:
+        replay = _replay(pairs, embedder, settings)
+        same = np.isclose(
+            np.where(np.isfinite(score), score, -1),
+            np.where(np.isfinite(replay.score), replay.score, -1),
+            atol=2e-3,
+        ) & (official.correct == replay.correct)
+        report["replay_agreement"] = float(same.mean())
+    return report
+
+
+def _replay(pairs: list[Pair], embedder: MemoEmbedder, settings: CacheSettings) -> Outcome:
     warm = list(dict.fromkeys(p.a for p in pairs))
     index = faiss.IndexFlatIP(embedder.dim)
     index.add(embedder.encode(warm))
@@ -182,19 +190,7 @@ def ours(pairs: list[Pair], embedder: MemoEmbedder, settings: CacheSettings) -> 
             if id_ >= 0 and veto(warm[id_], pair.b, settings.guards) is None:
                 score[i], served[i] = float(similarity), warm[id_]
                 break
-    replay = Outcome(score, served, pairs)
-    sims = official.similarity
-    same = (np.isclose(np.where(sims < 0, -1, sims), np.where(np.isfinite(score), score, -1),
-                       atol=2e-3) & (official.correct == replay.correct))  # fmt: skip
-    # The official figures: sweep's similarities and correctness.
-    result = Outcome(np.where(sims < 0, -np.inf, sims), served, pairs)
-    result.correct = official.correct
-    return {
-        "outcome": result,
-        "replay": replay,
-        "replay_agreement": float(same.mean()),
-        "seconds": round(swept_s, 1),
-    }
+    return Outcome(score, served, pairs)
 
 
 class MemoryStorage(CacheStorage):  # type: ignore[misc]  # GPTCache has no types
@@ -369,7 +365,15 @@ def summary(rows: list[dict[str, float]]) -> dict[str, float | int]:
     }
 
 
-def plot(mine: Outcome, theirs: Outcome, title: str, path: str, meaning_too: bool) -> None:
+def plot(
+    mine: Outcome,
+    theirs: Outcome,
+    title: str,
+    path: str,
+    meaning_too: bool,
+    ours_at: float,
+    ours_label: str,
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -386,7 +390,7 @@ def plot(mine: Outcome, theirs: Outcome, title: str, path: str, meaning_too: boo
             axes.plot([p["hit_rate"] for p in curve], [p["precision"] for p in curve], style,
                       color=colour, label=name + suffix)  # fmt: skip
         for outcome, threshold, colour, label in (
-            (mine, 0.92, "C0", "ours at 0.92"),
+            (mine, ours_at, "C0", ours_label),
             (theirs, GPTCACHE_DEFAULT_THRESHOLD, "C1", "GPTCache at its default 0.8"),
         ):
             point = outcome.at(threshold, meaning=meaning)
@@ -413,6 +417,17 @@ def split(pairs: list[Pair], half: str, seed: int) -> list[Pair]:
     return [pairs[i] for i in sorted(chosen)]
 
 
+def _our_settings(args: argparse.Namespace) -> CacheSettings:
+    """The cache measured; with the verifier, ``args.threshold`` becomes its operating point."""
+    if not args.verifier:
+        return CacheSettings(similarity_threshold=args.threshold, verifier=None)
+    settings = CacheSettings(max_false_hit_rate=args.max_false_hit_rate)
+    verification = Verification.configured(settings.verifier)
+    assert verification is not None
+    args.threshold = verification.threshold(args.max_false_hit_rate)
+    return settings
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", required=True, help='JSONL of {"a", "b", "label"} lines')
@@ -420,7 +435,11 @@ def main() -> None:
                         help="a seeded sample of at most this many pairs (0: all)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--half", choices=["all", "dev", "held"], default="all")
-    parser.add_argument("--threshold", type=float, default=0.92, help="our threshold")
+    parser.add_argument("--threshold", type=float, default=0.92,
+                        help="our similarity threshold, without --verifier")  # fmt: skip
+    parser.add_argument("--verifier", action="store_true",
+                        help="ours with the default verifier at --max-false-hit-rate")  # fmt: skip
+    parser.add_argument("--max-false-hit-rate", type=float, default=0.01)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--plot", help="precision against hit rate for both, as PNG")
     args = parser.parse_args()
@@ -436,23 +455,21 @@ def main() -> None:
     embedded_s = time.perf_counter() - started
     print(f"embedded {len(embedder.memo)} prompts in {embedded_s:.0f} s", file=sys.stderr)
 
-    settings = CacheSettings(similarity_threshold=args.threshold)
-    mine = ours(pairs, embedder, settings)
+    mine = ours(pairs, embedder, _our_settings(args))
     theirs = gptcache_run(pairs, embedder, check_at=[GPTCACHE_DEFAULT_THRESHOLD, 0.96],
                           check_limit=1000)  # fmt: skip
     # What the file's labels say about which prompts mean the same, all of them: a
     # half or a sample knows no less about meaning than the whole file.
     group = _meaning(everything)
-    for outcome in (mine["outcome"], mine["replay"], theirs["outcome"]):
+    for outcome in (mine["outcome"], theirs["outcome"]):
         _set_meaning(outcome, pairs, group)
     ours_outcome: Outcome = mine["outcome"]
-    # The replay knows what was served; the official outcome shares its list.
-    ours_outcome.by_meaning = mine["replay"].by_meaning
     gpt: Outcome = theirs["outcome"]
 
     # GPTCache thresholds from cosine 0.80 to 1.00 in steps of 0.005.
     grid = [round(0.9 + 0.0025 * k, 4) for k in range(41)]
     cosines = [round(0.8 + 0.005 * k, 4) for k in range(41)]
+    grid_p = [round(0.025 * k, 4) for k in range(41)]
     report: dict[str, Any] = {
         "pairs": len(pairs),
         "file": Path(args.pairs).name,
@@ -461,11 +478,13 @@ def main() -> None:
         "near_misses": sum(1 - p.label for p in pairs),
         "embedding": embedder.fingerprint,
         "ours": {
+            "decided_by": "verifier" if args.verifier else "similarity",
+            "max_false_hit_rate": args.max_false_hit_rate if args.verifier else None,
             "threshold": args.threshold,
             "at_threshold": ours_outcome.at(args.threshold),
             "at_threshold_by_meaning": ours_outcome.at(args.threshold, meaning=True),
-            "curve": [ours_outcome.at(c) for c in cosines],
-            "replay_agreement_with_sweep": mine["replay_agreement"],
+            "curve": [ours_outcome.at(c) for c in (grid_p if args.verifier else cosines)],
+            "replay_agreement_with_sweep": mine.get("replay_agreement"),
         },
         "gptcache": {
             "version": gptcache.__version__,
@@ -488,7 +507,11 @@ def main() -> None:
             # Hit rates that both reach with a cosine threshold of at least 0.80: lower
             # thresholds serve prompts that merely share a topic.
             "cosine_0.80_up": summary(
-                [r for r in rows if min(r["our_threshold"], r["gptcache_cosine"]) >= 0.8]
+                [
+                    r
+                    for r in rows
+                    if r["gptcache_cosine"] >= 0.8 and (args.verifier or r["our_threshold"] >= 0.8)
+                ]
             ),
         }
     # GPTCache at the hit rate our default threshold gives.
@@ -508,7 +531,20 @@ def main() -> None:
     if args.plot:
         paws = "paws" in Path(args.pairs).name
         title = f"{Path(args.pairs).name} ({len(pairs)} pairs{'' if args.half == 'all' else ', ' + args.half + ' half'})"  # noqa: E501
-        plot(ours_outcome, gpt, title, args.plot, meaning_too=paws)
+        label = (
+            f"ours, verifier at max_false_hit_rate {args.max_false_hit_rate}"
+            if args.verifier
+            else f"ours at {args.threshold}"
+        )
+        plot(
+            ours_outcome,
+            gpt,
+            title,
+            args.plot,
+            meaning_too=paws,
+            ours_at=args.threshold,
+            ours_label=label,
+        )
     print(json.dumps(report, indent=1))
 
 

@@ -65,6 +65,10 @@ class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
     # index from the store, so the store keeps the vector (half the bytes of float32,
     # cosine error about 1e-4).
     vector: bytes = b""
+    # The least score (the verifier's P; the similarity without a verifier) a semantic
+    # hit on this entry needs, over the operating point: raised each time a hit on it
+    # is reported wrong (POST /v1/feedback). Exact repeats are served whatever it is.
+    hit_floor: float = 0.0
 
     def expired(self, now: float | None = None) -> bool:
         return self.expires_at is not None and (now or time.time()) >= self.expires_at

@@ -25,6 +25,7 @@ from typing import Literal, ParamSpec, TypeVar
 import msgspec
 import numpy as np
 
+from cache.calibration import NEVER
 from cache.entry import CacheEntry, Namespace, entry_id, pack_vector, unpack_vector
 from cache.guards import veto
 from cache.settings import CacheSettings
@@ -38,6 +39,7 @@ from cache.store import (
     StoreUnavailable,
     in_scope,
 )
+from cache.verifier import Verification
 from router.embedder import Embedding
 from router.index import VectorIndex, gpu_resources
 
@@ -57,14 +59,22 @@ class Hit(msgspec.Struct, frozen=True):
     entry: CacheEntry
     path: Literal["exact", "semantic"]
     similarity: float
+    # The verifier's P(same answer); None on the exact path or without a verifier.
+    score: float | None = None
 
 
 class Miss(msgspec.Struct, frozen=True):
-    # "empty": nothing in the namespace; "below_threshold": nearest too far;
-    # "guard:<name>": near enough but vetoed by that guard; "store_unavailable";
-    # "exact_only": the exact path missed and the semantic path is turned off.
+    # Which stage decided: "empty": nothing in the namespace; "below_threshold": the
+    # nearest too far; "guard:<name>": near enough but vetoed by that guard;
+    # "verifier": its P below the operating point; "feedback": below the entry's own
+    # floor, raised by reported false hits; "store_unavailable"; "exact_only": the
+    # exact path missed and the semantic path is turned off.
     reason: str
     best_similarity: float | None = None
+    # The candidate the deciding stage turned down (the verifier's best), if any.
+    candidate: int | None = None
+    candidate_similarity: float | None = None
+    score: float | None = None
 
 
 class CacheCounters(msgspec.Struct, kw_only=True):
@@ -74,6 +84,9 @@ class CacheCounters(msgspec.Struct, kw_only=True):
     semantic_hits: int = 0
     misses: int = 0
     guard_rejections: dict[str, int] = msgspec.field(default_factory=dict)
+    verifier_rejections: int = 0
+    feedback_rejections: int = 0
+    false_hits_reported: int = 0
     writes: int = 0
     writes_below_confidence: int = 0
     store_unavailable: int = 0
@@ -104,9 +117,17 @@ class _Indexes:
 
 
 class SemanticCache:
-    def __init__(self, settings: CacheSettings, store: CacheStore) -> None:
+    def __init__(
+        self,
+        settings: CacheSettings,
+        store: CacheStore,
+        verification: Verification | None = None,
+    ) -> None:
+        """``verification``: the verifier and operating points to use; None: those
+        ``settings.verifier`` names (none when it is null)."""
         self.settings = settings
         self.store = store
+        self.verification = verification or Verification.configured(settings.verifier)
         self.counters = CacheCounters()
         self._state = _Indexes()
         self._faiss = ThreadPoolExecutor(1, thread_name_prefix="cache-index")
@@ -189,6 +210,10 @@ class SemanticCache:
                 self.counters.guard_rejections[guard] = (
                     self.counters.guard_rejections.get(guard, 0) + 1
                 )
+            elif found.reason == "verifier":
+                self.counters.verifier_rejections += 1
+            elif found.reason == "feedback":
+                self.counters.feedback_rejections += 1
         return found
 
     async def _semantic(
@@ -197,31 +222,69 @@ class SemanticCache:
         index = self._state.indexes.get(namespace.key)
         if not settings.semantic or index is None or len(index) == 0:
             return Miss("empty")
+        verification = self.verification if settings.verifier is not None else None
+        floor = (
+            settings.similarity_threshold
+            if verification is None or settings.verifier is None
+            else settings.verifier.similarity_floor
+        )
         similarities, ids = await self._index(index.search, embedding.vector, settings.candidates)
         best = float(similarities[0, 0])
         near = [
             (float(similarity), int(id_))
             for similarity, id_ in zip(similarities[0], ids[0], strict=True)
-            if id_ >= 0 and similarity >= settings.similarity_threshold
+            if id_ >= 0 and similarity >= floor
         ]
         if not near:
             return Miss("below_threshold", best)
         entries = await self._guarded(self.store.get_many(namespace.key, [id_ for _, id_ in near]))
         if entries is None:
             return Miss("store_unavailable", best)
-        reason = "below_threshold"
+        passed: list[tuple[float, CacheEntry]] = []
+        vetoed: Miss | None = None
         gone = []
         for (similarity, id_), entry in zip(near, entries, strict=True):
             if entry is None:  # expired or evicted since it was indexed
                 gone.append(id_)
                 continue
-            vetoed = veto(entry.prompt, prompt, settings.guards)
-            if vetoed is None:
-                return Hit(entry, "semantic", similarity)
-            reason = f"guard:{vetoed}"
+            guard = veto(entry.prompt, prompt, settings.guards)
+            if guard is None:
+                passed.append((similarity, entry))
+            elif vetoed is None:
+                vetoed = Miss(f"guard:{guard}", best, entry.id, similarity)
         if gone:
             await self._unindex(gone)
-        return Miss(reason, best)
+        if not passed:
+            return vetoed or Miss("below_threshold", best)
+        if verification is None:
+            similarity, entry = passed[0]
+            if similarity >= entry.hit_floor:
+                return Hit(entry, "semantic", similarity)
+            return Miss("feedback", best, entry.id, similarity)
+        return self._verified(prompt, embedding, passed, verification, settings, best)
+
+    @staticmethod
+    def _verified(
+        prompt: str,
+        embedding: Embedding,
+        passed: list[tuple[float, CacheEntry]],
+        verification: Verification,
+        settings: CacheSettings,
+        best: float,
+    ) -> Hit | Miss:
+        """The candidate the verifier trusts most, if its P clears the operating point
+        and the entry's own floor."""
+        scores = verification.verifier.score(
+            prompt, embedding.vector, [(e.prompt, unpack_vector(e.vector)) for _, e in passed]
+        )
+        operating_point = verification.threshold(settings.max_false_hit_rate)
+        ranked = sorted(zip(scores, passed, strict=True), key=lambda x: -x[0])
+        for score, (similarity, entry) in ranked:
+            if score >= max(operating_point, entry.hit_floor):
+                return Hit(entry, "semantic", similarity, score)
+        score, (similarity, entry) = ranked[0]
+        stage = "verifier" if score < operating_point else "feedback"
+        return Miss(stage, best, entry.id, similarity, score)
 
     async def _guarded(self, call: Awaitable[T]) -> T | None:
         """The store's answer, or None while it is unavailable (the request goes on
@@ -294,6 +357,26 @@ class SemanticCache:
         deleted = bool(await self.store.delete(where[0], id_))
         await self._unindex([id_])
         return deleted
+
+    async def report_false_hit(
+        self, tenant: str, id_: int, score: float | None
+    ) -> CacheEntry | None:
+        """A semantic hit on entry ``id_`` was wrong: raise the entry's floor above the
+        score it was served at (halfway to certainty), so that query, and any the cache
+        trusts no more, is not served it again; with no score, turn its semantic hits
+        off. Exact repeats still serve it. None: ``tenant`` has no such entry here."""
+        where = self._state.indexed.get(id_)
+        if where is None or not where[0].startswith(f"{tenant}:"):
+            return None
+        entry = await self.store.get(where[0], id_)
+        if entry is None:
+            return None
+        floor = NEVER if score is None else score + (1.0 - score) / 2
+        updated = msgspec.structs.replace(entry, hit_floor=max(entry.hit_floor, floor))
+        # Stored again whole: replicas follow the change like any other write.
+        await self.store.put([updated])
+        self.counters.false_hits_reported += 1
+        return updated
 
     async def invalidate(self, selector: str | None) -> int:
         """Drop every entry under a namespace selector (see ``in_scope``), or every

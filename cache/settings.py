@@ -59,18 +59,40 @@ class IndexSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     hnsw_above: Annotated[int, msgspec.Meta(ge=1)] = 20_000
 
 
+class VerifierSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The semantic path's second opinion: a pair model's P(same answer) for each
+    candidate the guards let through; a hit needs P at the operating point that
+    ``cache.max_false_hit_rate`` sets."""
+
+    # The pair model's weights; null: the one shipped (cache/data/default.verifier).
+    weights: str | None = None
+    # Labelled outcomes the operating point is read from (``satisfice cache
+    # calibrate`` writes them); null: those shipped with the model.
+    calibration: str | None = None
+    # Cached prompts less similar than this are not candidates at all.
+    similarity_floor: Unit = 0.75
+
+
 class CacheSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     # Serve the answer stored for the same prompt (same namespace), without embedding it.
     exact: bool = True
     # Serve the answer stored for a similar prompt, if the threshold and guards allow.
     semantic: bool = True
-    # Cosine similarity a cached prompt needs to be served for a new one.
+    # The share of semantic hits allowed to be wrong, bounded with 95% confidence on
+    # the verifier's calibration pairs; the operating point follows from it (a bound
+    # the calibration cannot show turns semantic hits off). The shipped calibration
+    # (Quora questions) shows 8% and up, not 5%: `satisfice cache calibrate` on your
+    # own labelled traffic, and `satisfice cache eval --pairwise` to check it.
+    max_false_hit_rate: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] = 0.1
+    # The verifier decides semantic hits; null: the similarity threshold alone does.
+    verifier: VerifierSettings | None = VerifierSettings()
+    # Without a verifier: the cosine similarity a cached prompt needs to be served.
     similarity_threshold: Unit = 0.92
     # Answers below this confidence are not stored.
     write_confidence: Unit = 0.0
     # How long a stored answer may be served; null: until it is evicted.
     ttl_s: Seconds | None = 86_400.0
-    # Candidates above the threshold that the guards may examine, nearest first.
+    # Candidates above the threshold (or the verifier's floor) examined, nearest first.
     candidates: Annotated[int, msgspec.Meta(ge=1)] = 5
     # Checks that veto a similar prompt whose answer would differ.
     guards: GuardSettings = GuardSettings()

@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 from cache import create_store
+from cache.recent_hits import RecentHits
 from cache.semantic_cache import SemanticCache
 from cache.settings import RedisStoreSettings
 from engines import Engine, create_engine
@@ -63,6 +64,8 @@ class Runtime:
                 calibrator,
                 small=self.engines[config.router.small_engine],
             )
+        # Semantic hits this replica served, for feedback by request id.
+        self.recent_hits = RecentHits()
         self.limiter = RateLimiter(_counters(config))
         self.metrics = Metrics(self.engines, self.cache)
         # Write-backs run after their response has gone; kept here so they finish.

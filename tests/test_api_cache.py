@@ -212,6 +212,63 @@ def test_warmup_invalidate_through_admin_endpoints(cached_url: str) -> None:
     assert headers["x-satisfice-cache"] == "miss"
 
 
+def test_a_semantic_hit_reported_wrong_stops_serving_that_query(cached_url: str) -> None:
+    tag = uuid.uuid4().hex[:6]
+    cached = f"How can I improve my English speaking skills? ({tag})"
+    query = f"How do I improve my spoken English? ({tag})"
+    only_cached = {"cache-control": "only-if-cached"}
+    line = json.dumps({"prompt": cached, "response": "Speak it every day.", "model": "small"})
+    with admin(cached_url) as http:
+        assert http.post("/admin/cache/warmup", content=line.encode()).json()["added"] == 1
+    answer, headers = ask(cached_url, query, stop=openai.omit, extra_headers=only_cached)
+    assert answer == "Speak it every day." and headers["x-satisfice-cache"] == "semantic"
+    assert headers["x-satisfice-cache-stage"] == "verifier"
+    entry, score = headers["x-satisfice-cache-entry"], float(headers["x-satisfice-cache-score"])
+
+    feedback = f"{cached_url}/v1/feedback"
+    reported = httpx.post(feedback, json={"request_id": headers["x-request-id"]})
+    assert reported.status_code == 200, reported.text
+    assert reported.json()["entry_id"] == entry and reported.json()["hit_floor"] > score
+    with pytest.raises(openai.APIStatusError) as error:
+        ask(cached_url, query, stop=openai.omit, extra_headers=only_cached)
+    turned_down = error.value.response.headers
+    assert error.value.status_code == 504
+    assert turned_down["x-satisfice-cache-stage"] == "feedback"
+    assert turned_down["x-satisfice-cache-entry"] == entry
+    # The entry still answers its own question.
+    _, headers = ask(cached_url, cached, stop=openai.omit, extra_headers=only_cached)
+    assert headers["x-satisfice-cache"] == "exact"
+
+    # By entry id (as the headers carried it), from any replica: a second report
+    # tightens further.
+    again = httpx.post(feedback, json={"entry_id": entry, "score": 0.99})
+    assert again.status_code == 200 and again.json()["hit_floor"] >= 0.995
+    metrics = httpx.get(f"{cached_url}/metrics").text
+    assert 'satisfice_cache_false_hits_reported_total{tenant="default"}' in metrics
+    assert 'satisfice_cache_semantic_hits_served_total{tenant="default"}' in metrics
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "named"),
+    [
+        ({}, 400, "request_id or by entry_id"),
+        ({"request_id": "r", "entry_id": "1"}, 400, "request_id or by entry_id"),
+        ({"entry_id": "12x"}, 400, "entry_id"),
+        ({"entry_id": "1", "score": 1.5}, 400, "score"),
+        ({"request_id": "r", "score": 0.5}, 400, "score"),
+        ({"entry_id": "1", "verdict": "wrong"}, 400, "verdict"),
+        ({"request_id": "never-served"}, 404, "never-served"),
+        ({"entry_id": "123456789"}, 404, "123456789"),
+    ],
+)
+def test_feedback_that_names_no_hit_is_refused_clearly(
+    cached_url: str, body: dict[str, object], status: int, named: str
+) -> None:
+    response = httpx.post(f"{cached_url}/v1/feedback", json=body)
+    assert response.status_code == status, response.text
+    assert named in response.json()["error"]["message"]
+
+
 # Slow: a Redis and a gateway of its own; the default run keeps Redis killed,
 # restarted and paused under the store itself (test_redis_store).
 @pytest.mark.slow

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from cache.entry import Namespace
 from cache.memory_store import MemoryStore
 from cache.semantic_cache import Hit, Miss, SemanticCache
-from cache.settings import CacheSettings, IndexSettings, MemoryStoreSettings
+from cache.settings import CacheSettings, IndexSettings, MemoryStoreSettings, VerifierSettings
 from router.embedder import Embedder, Embedding
 from tests.support import satisfice
 
@@ -24,9 +24,13 @@ from tests.support import satisfice
 async def make_cache(
     max_entries: int = 100, snapshot: Path | None = None, **settings: object
 ) -> AsyncIterator[SemanticCache]:
+    """A memory cache; by default without the verifier, so the tests of lookup, guards,
+    scopes and snapshots here are decided by the similarity threshold alone (the
+    verifier's decisions: test_cache_verifier)."""
     store = MemoryStoreSettings(
         max_entries=max_entries, snapshot=None if snapshot is None else str(snapshot)
     )
+    settings.setdefault("verifier", None)
     cache = SemanticCache(CacheSettings(store=store, **settings), MemoryStore(store))  # type: ignore[arg-type]
     await cache.start()
     try:
@@ -202,7 +206,8 @@ def test_a_changed_number_never_hits_the_original(
     vectors = embedder.encode([cached, query])
 
     async def check() -> Hit | Miss:
-        async with make_cache(similarity_threshold=0.0) as cache:
+        # The default path, guards then verifier, with every neighbour a candidate.
+        async with make_cache(verifier=VerifierSettings(similarity_floor=0.0)) as cache:
             ns = scope(embedder)
             vector = Embedding(vectors[0], embedder.fingerprint)
             entry = cache.entry(

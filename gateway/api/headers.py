@@ -87,8 +87,7 @@ def decision_headers(decision: Decision) -> dict[str, str]:
     headers: dict[str, str] = {CACHE_HEADER: decision.cache}
     if decision.engine is not None:
         headers["x-satisfice-engine"] = decision.engine
-    if decision.similarity is not None:
-        headers["x-satisfice-cache-similarity"] = f"{decision.similarity:.4f}"
+    headers.update(_cache_headers(decision))
     if decision.difficulty is not None:  # routed
         thought = decision.route in ("loop", "fallback")
         headers["x-satisfice-route"] = "loop" if thought else decision.route
@@ -106,6 +105,21 @@ def decision_headers(decision: Decision) -> dict[str, str]:
     if decision.engine_s is not None:
         # Server-Timing lets a client tell the engine's time from the gateway's own.
         headers["Server-Timing"] = f"engine;dur={decision.engine_s * 1000:.3f}"
+    return headers
+
+
+def _cache_headers(decision: Decision) -> dict[str, str]:
+    """The cache's stage that decided, and the cached prompt it served or turned down."""
+    headers = {}
+    if decision.cache_stage is not None:
+        headers["x-satisfice-cache-stage"] = decision.cache_stage
+    if decision.cache_entry is not None:
+        # Decimal text: JSON clients lose integers above 2**53; what /v1/feedback takes.
+        headers["x-satisfice-cache-entry"] = str(decision.cache_entry)
+    if decision.similarity is not None:
+        headers["x-satisfice-cache-similarity"] = f"{decision.similarity:.4f}"
+    if decision.cache_score is not None:
+        headers["x-satisfice-cache-score"] = f"{decision.cache_score:.4f}"
     return headers
 
 

@@ -15,10 +15,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from litestar import Request, Response, get, post
-from litestar.connection import ASGIConnection
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
-from litestar.handlers.base import BaseRouteHandler
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.response import Stream
 from litestar.types import ASGIApp
@@ -26,7 +24,9 @@ from litestar.types import ASGIApp
 from engines.base import EngineError
 from gateway.api import render
 from gateway.api.auth import Caller
-from gateway.api.errors import COUNTED, APIError, ClientGone, shown
+from gateway.api.errors import COUNTED, APIError, ClientGone
+from gateway.api.feedback import feedback
+from gateway.api.guards import require_json, require_key
 from gateway.api.headers import decision_headers, read_headers
 from gateway.api.validate import chat_request
 from gateway.api.wire import ChatCompletion, ChatCompletionRequest, ErrorResponse, Model, ModelList
@@ -47,35 +47,6 @@ _KEY_ERRORS = {401: ResponseSpec(ErrorResponse, description="No API key, or an u
 _JSON_ERRORS = {
     415: ResponseSpec(ErrorResponse, description="The body is not declared application/json")
 }
-
-
-# The guards are coroutines, though nothing in them waits: Litestar runs a plain
-# function guard in its thread pool, a thread hop for every request.
-
-
-async def require_key(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-    """Before the body is read: who is calling (401 without a valid key, when keys are
-    configured), and the config this request keeps to its end, even across a reload."""
-    runtime: Runtime = connection.app.state.runtime
-    # Read together, with no await between them: apply() replaces both at once.
-    config, keys = runtime.config, runtime.keys
-    connection.state.config = config
-    connection.state.caller = keys.caller(connection.headers)
-
-
-async def require_json(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-    """Before the body is read: it is JSON only when it says so. A browser may send a
-    cross-site "simple" request with a text/plain or form body, or with none declared;
-    reading such a body as JSON would let any web page call an open gateway."""
-    declared = connection.headers.get("content-type", "")
-    if declared.partition(";")[0].strip().lower() != "application/json":
-        raise APIError(
-            415,
-            "the request body must be JSON, sent with Content-Type: application/json; got "
-            + (shown(declared) if declared else "no Content-Type"),
-            param="content-type",
-            code="unsupported_media_type",
-        )
 
 
 def _ready(state: State) -> Runtime:
@@ -133,6 +104,12 @@ async def chat_completions(
     def end(status: int) -> None:
         """How the exchange ended, once, for the metrics, the access log and the span."""
         seconds = exchange.ended(decision, status)
+        if decision.cache == "semantic" and decision.cache_entry is not None and status == 200:
+            rid = logs.request_id.get()
+            if rid is not None:
+                runtime.recent_hits.add(
+                    caller.tenant, rid, decision.cache_entry, decision.cache_score
+                )
         if seconds is not None:
             logs.access(decision, status, seconds, caller.key)
             tracing.chat_ended(decision)
@@ -335,4 +312,4 @@ async def readyz(state: State) -> Response[dict[str, object]]:
     return Response(body, status_code=200 if runtime.ready else 503)
 
 
-ROUTES = [chat_completions, explain_route, list_models, healthz, readyz, metrics]
+ROUTES = [chat_completions, explain_route, feedback, list_models, healthz, readyz, metrics]

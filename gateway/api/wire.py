@@ -127,7 +127,13 @@ class DecisionTrace(Struct, frozen=True, kw_only=True, omit_defaults=True):
     route: str  # exact, semantic, coalesced, or the tier / engine that generated it
     engine: str | None = None  # the engine whose answer it is
     cache: str | None = None  # exact | semantic | coalesced | miss | bypass | off
-    similarity: float | None = None  # of a semantic hit's cached prompt
+    # The cache's stage that decided (exact, verifier, similarity, guard:<name>, ...),
+    # and the cached prompt it served or turned down: entry id (decimal), similarity,
+    # and the verifier's P(same answer).
+    cache_stage: str | None = None
+    cache_entry: str | None = None
+    similarity: float | None = None
+    cache_score: float | None = None
     difficulty: float | None = None  # the router's score, for model "auto"
     confidence: float | None = None  # P(correct) of a small answer the loop kept
     failover: str | None = None  # the unavailable engine this one stood in for

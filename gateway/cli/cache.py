@@ -11,32 +11,87 @@ from pathlib import Path
 
 import msgspec
 
-from cache.pairs import PRECISION_TARGET, plot, read_pairs, sweep
+from cache.calibration import OperatingPoints, write_calibration
+from cache.entry import CacheEntry
+from cache.pairs import PRECISION_TARGET, Sweep, plot, read_pairs, sweep
 from cache.semantic_cache import CacheStats, SemanticCache
 from cache.settings import CacheSettings
 from cache.standalone import opened
+from cache.verifier import BUNDLED, Verification, Verifier
 from cache.warmup import DryRun, WarmupReport, dry_run_file, parse_queries, warm
 from gateway.config import GatewayConfig, load_config, valid_tenant
 from router.embedder import Embedder
 
 
-def cache_eval(args: argparse.Namespace) -> int:
-    config = load_config(args.config)
+def _swept(
+    config: GatewayConfig, files: list[str], *, pairwise: bool
+) -> tuple[CacheSettings, Sweep]:
     settings = config.cache or CacheSettings()
     embedder = Embedder(config.embedder)
     embedder.load()
-    pairs = read_pairs(args.pairs)
+    pairs = [pair for path in files for pair in read_pairs(path)]
     cached = len({p.a for p in pairs})
     print(f"embedding {cached} cached and {len(pairs)} queried prompts ...", file=sys.stderr)
-    result = sweep(pairs, settings, encode=embedder.encode, embedding_model=embedder.fingerprint)
-    threshold = args.threshold if args.threshold is not None else settings.similarity_threshold
-    report: dict[str, object] = {"pairs": len(pairs), **msgspec.to_builtins(result.at(threshold))}
+    return settings, sweep(
+        pairs,
+        settings,
+        encode=embedder.encode,
+        embedding_model=embedder.fingerprint,
+        pairwise=pairwise,
+    )
+
+
+def cache_eval(args: argparse.Namespace) -> int:
+    settings, result = _swept(load_config(args.config), [args.pairs], pairwise=args.pairwise)
+    report: dict[str, object] = {
+        "pairs": len(result.score),
+        "view": "pairwise" if args.pairwise else "whole file",
+        "decided_by": result.by,
+    }
+    if args.threshold is not None:
+        threshold = args.threshold
+    elif result.by == "similarity":
+        threshold = settings.similarity_threshold
+    else:
+        verification = Verification.configured(settings.verifier)
+        assert verification is not None
+        threshold = verification.threshold(settings.max_false_hit_rate)
+        report["max_false_hit_rate"] = settings.max_false_hit_rate
+    point = result.at(threshold)
+    report.update(msgspec.to_builtins(point))
+    if result.by == "verifier" and args.threshold is None and args.pairwise:
+        # What the bound promises, on pairs the calibration did not see (the pairwise
+        # view is the one the calibration takes: every hit judged by a label).
+        report["bound_held"] = point.semantic_wrong_share <= settings.max_false_hit_rate
     best = result.best_at_precision(PRECISION_TARGET)
     report["best_hit_rate_at_99_precision"] = None if best is None else best.hit_rate
     report["best_threshold_at_99_precision"] = None if best is None else best.threshold
     if args.plot:
         plot(result, Path(args.pairs).name, args.plot)
     print(json.dumps(report) if args.json else "\n".join(f"{k}: {v}" for k, v in report.items()))
+    return 0
+
+
+def cache_calibrate(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    if config.cache is None or config.cache.verifier is None:
+        raise SystemExit("this config has no cache verifier: there is nothing to calibrate")
+    verifier = Verifier.load(config.cache.verifier.weights or BUNDLED)
+    _, result = _swept(config, args.pairs, pairwise=True)
+    names = ", ".join(Path(p).name for p in args.pairs)
+    calibration = result.calibration(verifier.fingerprint, names)
+    write_calibration(calibration, args.out)
+    points = OperatingPoints(calibration)
+    report = {
+        "out": args.out,
+        "queries": calibration.queries,
+        "semantic_hits": len(calibration.scores),
+        "operating_points": {
+            str(bound): points.threshold(bound) for bound in (0.005, 0.01, 0.02, 0.05, 0.1)
+        },
+        "use": f"cache.verifier.calibration: {args.out}",
+    }
+    print(json.dumps(report))
     return 0
 
 
@@ -122,16 +177,48 @@ def cache_invalidate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cache_feedback(args: argparse.Namespace) -> int:
+    """What POST /v1/feedback does, on the store directly (e.g. from a review queue)."""
+    settings = _settings(load_config(args.config))
+    if args.score is not None and not 0.0 <= args.score <= 1.0:
+        raise SystemExit(f"--score {args.score} is not a P in [0, 1]")
+
+    async def run() -> CacheEntry | None:
+        async with opened(settings, writes=True) as cache:
+            return await cache.report_false_hit(args.tenant, args.entry_id, args.score)
+
+    updated = asyncio.run(run())
+    if updated is None:
+        print(f"tenant {args.tenant!r} has no cache entry {args.entry_id}", file=sys.stderr)
+        return 1
+    print(json.dumps({"entry_id": str(updated.id), "hit_floor": updated.hit_floor}))
+    return 0
+
+
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cache = commands.add_parser("cache", help="evaluate and manage the semantic cache")
     sub = cache.add_subparsers(dest="cache_command", required=True)
     ev = sub.add_parser("eval", help="warm with every a, query with every b, report hits")
     ev.add_argument("--pairs", required=True, help='JSONL of {"a", "b", "label"} lines')
-    ev.add_argument("--threshold", type=float, help="default: the config's")
+    ev.add_argument("--threshold", type=float,
+                    help="on the score the cache decides by (the verifier's P, or the "
+                    "similarity without one); default: the config's operating point")  # fmt: skip
+    ev.add_argument("--pairwise", action="store_true",
+                    help="each pair alone: its a cached on its own, its b asked (the view "
+                    "`cache calibrate` takes; says whether the bound held)")  # fmt: skip
     ev.add_argument("--config")
     ev.add_argument("--json", action="store_true")
     ev.add_argument("--plot", help="write precision and hit rate against the threshold here")
     ev.set_defaults(run=cache_eval)
+
+    cal = sub.add_parser(
+        "calibrate", help="the verifier's outcomes on labelled pairs, for its operating points"
+    )
+    cal.add_argument("--pairs", required=True, action="append",
+                     help='JSONL of {"a", "b", "label"} lines (repeatable)')  # fmt: skip
+    cal.add_argument("--out", required=True, help="the file cache.verifier.calibration names")
+    cal.add_argument("--config")
+    cal.set_defaults(run=cache_calibrate)
 
     warmup = sub.add_parser("warmup", help="load known answers from JSONL into the cache")
     warmup.add_argument("file", help='JSONL of {"prompt", "response", ...} lines')
@@ -153,3 +240,15 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     what.add_argument("--all", action="store_true", help="every entry")
     invalidate.add_argument("--config")
     invalidate.set_defaults(run=cache_invalidate)
+
+    feedback = sub.add_parser(
+        "feedback", help="a semantic hit was wrong: raise its entry's floor (as POST /v1/feedback)"
+    )
+    feedback.add_argument("--entry-id", type=int, required=True,
+                          help="the x-satisfice-cache-entry header of the wrong hit")  # fmt: skip
+    feedback.add_argument("--score", type=float,
+                          help="its x-satisfice-cache-score; without it, the entry's semantic "
+                          "hits stop")  # fmt: skip
+    feedback.add_argument("--tenant", default="default", help="the tenant the hit was served to")
+    feedback.add_argument("--config")
+    feedback.set_defaults(run=cache_feedback)

@@ -140,8 +140,11 @@ class TenantSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     router_threshold: float | None = None
     # Calibrated P(correct) that ends the loop for this tenant; null: loop.threshold.
     loop_threshold: Unit | None = None
-    # Cosine similarity this tenant's cached prompts need to be served; null:
-    # cache.similarity_threshold.
+    # The share of this tenant's semantic hits allowed to be wrong; null:
+    # cache.max_false_hit_rate.
+    max_false_hit_rate: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] | None = None
+    # Cosine similarity this tenant's cached prompts need to be served without a
+    # verifier; null: cache.similarity_threshold.
     similarity_threshold: Unit | None = None
     # Per tier (engine name), this tenant's deadline; a tier not listed keeps
     # sla.deadline_ms.

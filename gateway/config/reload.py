@@ -48,6 +48,7 @@ _RESTART_ONLY: dict[str, Callable[[GatewayConfig], Any]] = {
     "cache (on or off)": lambda c: c.cache is None,
     "cache.store": lambda c: c.cache and c.cache.store,
     "cache.index": lambda c: c.cache and c.cache.index,
+    "cache.verifier": lambda c: c.cache and c.cache.verifier,
     "loop (on or off)": lambda c: c.loop is None,
     "loop.calibrator": lambda c: c.loop and c.loop.calibrator,
     "auth.rate_limit_url": lambda c: c.auth.rate_limit_url,

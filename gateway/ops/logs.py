@@ -163,6 +163,12 @@ def access(decision: Decision, status: int, seconds: float, key: str | None) -> 
         fields["engine"] = decision.engine
     if decision.route != NO_ROUTE:
         fields["cache"] = decision.cache
+    if decision.cache_stage is not None:
+        fields["cache_stage"] = decision.cache_stage
+    if decision.cache_entry is not None:
+        fields["cache_entry"] = str(decision.cache_entry)
+    if decision.cache_score is not None:
+        fields["cache_score"] = round(decision.cache_score, 4)
     if decision.loop is not None:
         fields["stop"] = decision.loop.stop
         fields["fallback"] = decision.loop.fallback

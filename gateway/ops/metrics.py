@@ -115,6 +115,23 @@ class Metrics:
         )
         for reason in ("idle", "header", "header_size", "body"):
             self.connections_refused.labels(reason=reason)
+        # By tenant, so an SRE sees each tenant's reported false-hit rate (the ratio of
+        # the two) over time.
+        self.semantic_hits = Counter(
+            "satisfice_cache_semantic_hits_served",
+            "Chat completions answered from a similar prompt's cached answer, by tenant",
+            ["tenant"],
+            registry=registry,
+        )
+        self.false_hits = Counter(
+            "satisfice_cache_false_hits_reported",
+            "Semantic hits reported wrong through /v1/feedback, by tenant",
+            ["tenant"],
+            registry=registry,
+        )
+        # The tenant of requests without a key has its series from the first scrape.
+        self.semantic_hits.labels(tenant="default")
+        self.false_hits.labels(tenant="default")
         registry.register(_Collected(engines, cache))
 
     def exchange(self) -> Exchange:
@@ -127,6 +144,9 @@ class Metrics:
 
     def connection_refused(self, reason: str) -> None:
         self.connections_refused.labels(reason=reason).inc()
+
+    def false_hit_reported(self, tenant: str) -> None:
+        self.false_hits.labels(tenant=tenant).inc()
 
     def reloaded(self, *, ok: bool) -> None:
         self.config_reloads.labels(result="success" if ok else "failure").inc()
@@ -160,6 +180,8 @@ class Exchange:
         metrics.seconds.labels(route=route).observe(seconds)
         if decision is None:
             return seconds
+        if decision.cache == "semantic" and status == 200:
+            metrics.semantic_hits.labels(tenant=decision.tenant).inc()
         trace = decision.loop
         # Late, or 504 deadline_exceeded (as the status, or inside a stream that had begun).
         late = decision.deadline is not None and now > decision.deadline
@@ -290,6 +312,16 @@ class _Collected(Collector):
         for guard, count in sorted(counters.guard_rejections.items()):
             guards.add_metric([guard], count)
         yield guards
+        turned_down = CounterMetricFamily(
+            "satisfice_cache_verifier_rejections",
+            "Semantic candidates the guards let through but no hit: the verifier's P under "
+            "the operating point (verifier), or under the entry's floor raised by reported "
+            "false hits (feedback)",
+            labels=["stage"],
+        )
+        turned_down.add_metric(["verifier"], counters.verifier_rejections)
+        turned_down.add_metric(["feedback"], counters.feedback_rejections)
+        yield turned_down
         yield CounterMetricFamily(
             "satisfice_cache_writes",
             "Answers written to the cache",

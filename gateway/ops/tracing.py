@@ -200,6 +200,12 @@ def chat_ended(decision: Decision) -> None:
     }
     if decision.engine is not None:
         attributes["satisfice.engine"] = decision.engine
+    if decision.cache_stage is not None:
+        attributes["satisfice.cache.stage"] = decision.cache_stage
+    if decision.cache_entry is not None:
+        attributes["satisfice.cache.entry"] = str(decision.cache_entry)
+    if decision.cache_score is not None:
+        attributes["satisfice.cache.score"] = decision.cache_score
     trace = decision.loop
     if trace is not None:
         attributes["satisfice.loop.stop"] = trace.stop

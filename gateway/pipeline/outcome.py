@@ -36,7 +36,13 @@ class Decision(msgspec.Struct, kw_only=True):
     # engine asked for by name), loop, or fallback (the loop's fallback at its deadline).
     route: str = NO_ROUTE
     cache: CacheStatus = "off"
-    similarity: float | None = None  # of the cached prompt that answered
+    # The cached prompt that answered, or the one the deciding stage turned down: its
+    # entry id, similarity and the verifier's P; and the stage that decided (exact,
+    # verifier, similarity, guard:<name>, below_threshold, feedback, empty, ...).
+    cache_entry: int | None = None
+    similarity: float | None = None
+    cache_score: float | None = None
+    cache_stage: str | None = None
     difficulty: float | None = None  # the router's score; None when nothing was routed
     engine: str | None = None  # the engine whose answer this is
     failover: str | None = None  # the engine asked for, when another answered for it

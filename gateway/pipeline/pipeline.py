@@ -21,7 +21,7 @@ import msgspec
 
 from cache.coalesce import Coalescer, Flight
 from cache.entry import Namespace, context_fingerprint, entry_id, sampling_key
-from cache.semantic_cache import Hit
+from cache.semantic_cache import Hit, Miss
 from engines.base import Delta, Engine, Generation
 from engines.failover import failed_over
 from engines.fanout import FanOutEngine
@@ -156,12 +156,22 @@ class Pipeline:
         cache = self._runtime.cache
         assert cache is not None
         found = await cache.lookup(plan.namespace, plan.prompt, embedded.get, policy.cache)
+        if isinstance(found, Miss):
+            decision.cache_stage = found.reason
+            decision.cache_entry = found.candidate
+            decision.similarity = found.candidate_similarity
+            decision.cache_score = found.score
+            return None
         # An answer longer than the client allows is not its answer.
-        if not isinstance(found, Hit) or found.entry.completion_tokens > request.params.max_tokens:
+        if found.entry.completion_tokens > request.params.max_tokens:
+            decision.cache_stage = "too_long"
             return None
         decision.cache = decision.route = found.path
         decision.engine = found.entry.model
+        decision.cache_entry = found.entry.id
         decision.similarity = found.similarity
+        decision.cache_score = found.score
+        decision.cache_stage = _stage(found)
         entry = found.entry
         return Answer(
             text=entry.response, finish_reason="stop", completion_tokens=entry.completion_tokens
@@ -317,6 +327,13 @@ class Pipeline:
         run = LoopRun(events)
         self.turns.begin(policy.conversation, run)
         return _thought(run, decision, keeper)
+
+
+def _stage(hit: Hit) -> str:
+    """What decided a hit: the exact key, the verifier's P, or the similarity alone."""
+    if hit.path == "exact":
+        return "exact"
+    return "similarity" if hit.score is None else "verifier"
 
 
 def _context(request: ChatRequest) -> str:

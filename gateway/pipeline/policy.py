@@ -65,6 +65,8 @@ def resolve(
     cache = config.cache
     if cache is not None and own.similarity_threshold is not None:
         cache = msgspec.structs.replace(cache, similarity_threshold=own.similarity_threshold)
+    if cache is not None and own.max_false_hit_rate is not None:
+        cache = msgspec.structs.replace(cache, max_false_hit_rate=own.max_false_hit_rate)
     loop = config.loop
     if loop is not None and own.loop_threshold is not None:
         loop = msgspec.structs.replace(loop, threshold=own.loop_threshold)
