@@ -7,12 +7,12 @@ from them when the config names the bound, so one calibration serves every bound
 
 The rule is fixed-sequence testing ("Learn then Test", Angelopoulos et al., 2021):
 the thresholds of a fixed grid (0.999, 0.998, ...) are tested from the top down, each
-with the one-sided Clopper-Pearson upper bound of the wrong share of the hits at it, and the search stops
-at the first that fails. With probability at least ``confidence`` over the draw of the
-pairs, the threshold returned keeps the wrong share at or under the bound on traffic
-drawn like them. Thresholds with too few hits (under three times what passing without
-a wrong hit takes) are skipped: that depends on the counts, not the labels, so the
-guarantee stands.
+with the one-sided Clopper-Pearson upper bound of the wrong share of the hits at it,
+and the search stops at the first that fails. With probability at least
+``confidence`` over the draw of the pairs, the threshold returned keeps the wrong
+share at or under the bound on traffic drawn like them. Thresholds with too few hits
+(under three times what passing without a wrong hit takes) are skipped: that depends
+on the counts, not the labels, so the guarantee stands.
 """
 
 from __future__ import annotations

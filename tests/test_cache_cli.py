@@ -85,7 +85,7 @@ def test_dry_run_reports_the_hit_rate_and_stores_nothing(
     queries = tmp_path / "queries.jsonl"
     asked = [
         "what is the capital of france",  # exact
-        "Who is the author of Hamlet?",  # semantic
+        "How many legs do spiders have?",  # semantic
         "What is the chemical symbol for silver?",  # a near miss
         "How do I bake bread?",  # unrelated
     ]

@@ -116,22 +116,25 @@ class Metrics:
         for reason in ("idle", "header", "header_size", "body"):
             self.connections_refused.labels(reason=reason)
         # By tenant, so an SRE sees each tenant's reported false-hit rate (the ratio of
-        # the two) over time.
-        self.semantic_hits = Counter(
-            "satisfice_cache_semantic_hits_served",
-            "Chat completions answered from a similar prompt's cached answer, by tenant",
-            ["tenant"],
-            registry=registry,
-        )
-        self.false_hits = Counter(
-            "satisfice_cache_false_hits_reported",
-            "Semantic hits reported wrong through /v1/feedback, by tenant",
-            ["tenant"],
-            registry=registry,
-        )
-        # The tenant of requests without a key has its series from the first scrape.
-        self.semantic_hits.labels(tenant="default")
-        self.false_hits.labels(tenant="default")
+        # the two) over time; only with a cache, like every satisfice_cache_ series.
+        self.semantic_hits: Counter | None = None
+        self.false_hits: Counter | None = None
+        if cache is not None:
+            self.semantic_hits = Counter(
+                "satisfice_cache_semantic_hits_served",
+                "Chat completions answered from a similar prompt's cached answer, by tenant",
+                ["tenant"],
+                registry=registry,
+            )
+            self.false_hits = Counter(
+                "satisfice_cache_false_hits_reported",
+                "Semantic hits reported wrong through /v1/feedback, by tenant",
+                ["tenant"],
+                registry=registry,
+            )
+            # The tenant of requests without a key has its series from the first scrape.
+            self.semantic_hits.labels(tenant="default")
+            self.false_hits.labels(tenant="default")
         registry.register(_Collected(engines, cache))
 
     def exchange(self) -> Exchange:
@@ -146,7 +149,8 @@ class Metrics:
         self.connections_refused.labels(reason=reason).inc()
 
     def false_hit_reported(self, tenant: str) -> None:
-        self.false_hits.labels(tenant=tenant).inc()
+        if self.false_hits is not None:
+            self.false_hits.labels(tenant=tenant).inc()
 
     def reloaded(self, *, ok: bool) -> None:
         self.config_reloads.labels(result="success" if ok else "failure").inc()
@@ -180,7 +184,7 @@ class Exchange:
         metrics.seconds.labels(route=route).observe(seconds)
         if decision is None:
             return seconds
-        if decision.cache == "semantic" and status == 200:
+        if decision.cache == "semantic" and status == 200 and metrics.semantic_hits is not None:
             metrics.semantic_hits.labels(tenant=decision.tenant).inc()
         trace = decision.loop
         # Late, or 504 deadline_exceeded (as the status, or inside a stream that had begun).
