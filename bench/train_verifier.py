@@ -30,13 +30,13 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from convert_pairs import PairLine
+from convert_pairs import ROOT, PairLine
 from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
-from verifier_data import DEFAULT_DATA, ROOT, paws_splits, qqp_splits, write
+from verifier_data import DEFAULT_DATA, paws_splits, qqp_splits, write
 
 from cache.entry import normalise
 from cache.settings import VerifierSettings

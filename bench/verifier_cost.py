@@ -23,8 +23,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from convert_pairs import ROOT
 from train_verifier import Vectors
-from verifier_data import DEFAULT_DATA, ROOT, qqp_splits
+from verifier_data import DEFAULT_DATA, qqp_splits
 
 from cache.entry import Namespace
 from cache.memory_store import MemoryStore

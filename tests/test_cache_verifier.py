@@ -22,8 +22,6 @@ from cache.verifier import Verification, Verifier, VerifierError, pair_features
 from router.embedder import Embedder
 from tests.test_cache import make_cache, put, scope, semantic
 
-VERIFIED = {"verifier": VerifierSettings()}
-
 # Duplicates, and near neighbours that ask something else (the decisions on the public
 # pairs themselves are in test_cache_verifier_on_public_pairs below).
 SAME = [
@@ -129,7 +127,7 @@ def test_too_few_hits_for_the_bound_serve_nothing() -> None:
 
 async def test_the_verifier_decides_and_says_why(embedder: Embedder) -> None:
     ns = scope(embedder)
-    async with make_cache(**VERIFIED) as cache:
+    async with make_cache(verifier=VerifierSettings()) as cache:
         assert cache.verification is not None
         for cached, _ in SAME + DIFFERENT:
             await put(cache, embedder, ns, cached)
@@ -150,7 +148,7 @@ async def test_the_verifier_decides_and_says_why(embedder: Embedder) -> None:
 async def test_a_reported_false_hit_tightens_its_entry_only(embedder: Embedder) -> None:
     ns, other = scope(embedder), scope(embedder, tenant="b")
     cached, query = SAME[0]
-    async with make_cache(**VERIFIED) as cache:
+    async with make_cache(verifier=VerifierSettings()) as cache:
         await put(cache, embedder, ns, cached)
         hit = await semantic(cache, embedder, ns, query)
         assert isinstance(hit, Hit) and hit.score is not None
