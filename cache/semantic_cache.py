@@ -71,7 +71,8 @@ class Miss(msgspec.Struct, frozen=True):
     # exact path missed and the semantic path is turned off.
     reason: str
     best_similarity: float | None = None
-    # The candidate the deciding stage turned down (the verifier's best), if any.
+    # The candidate the deciding stage turned down (the nearest the guards let
+    # through, or the first they vetoed), if any.
     candidate: int | None = None
     candidate_similarity: float | None = None
     score: float | None = None
@@ -222,12 +223,11 @@ class SemanticCache:
         index = self._state.indexes.get(namespace.key)
         if not settings.semantic or index is None or len(index) == 0:
             return Miss("empty")
-        verification = self.verification if settings.verifier is not None else None
-        floor = (
-            settings.similarity_threshold
-            if verification is None or settings.verifier is None
-            else settings.verifier.similarity_floor
-        )
+        verification, floor = self.verification, settings.similarity_threshold
+        if verification is None or settings.verifier is None:
+            verification = None
+        else:
+            floor = settings.verifier.similarity_floor
         similarities, ids = await self._index(index.search, embedding.vector, settings.candidates)
         best = float(similarities[0, 0])
         near = [
@@ -237,6 +237,28 @@ class SemanticCache:
         ]
         if not near:
             return Miss("below_threshold", best)
+        nearest = await self._guards_pass(namespace, prompt, near, settings, best)
+        if isinstance(nearest, Miss):
+            return nearest
+        similarity, entry = nearest
+        if verification is not None:
+            return self._verified(
+                prompt, embedding, entry, similarity, verification, settings, best
+            )
+        if similarity >= entry.hit_floor:
+            return Hit(entry, "semantic", similarity)
+        return Miss("feedback", best, entry.id, similarity)
+
+    async def _guards_pass(
+        self,
+        namespace: Namespace,
+        prompt: str,
+        near: list[tuple[float, int]],
+        settings: CacheSettings,
+        best: float,
+    ) -> tuple[float, CacheEntry] | Miss:
+        """The nearest of ``near`` (similarity, id) that every guard lets through, or
+        the miss that says why none."""
         entries = await self._guarded(self.store.get_many(namespace.key, [id_ for _, id_ in near]))
         if entries is None:
             return Miss("store_unavailable", best)
@@ -255,16 +277,7 @@ class SemanticCache:
                 vetoed = Miss(f"guard:{guard}", best, entry.id, similarity)
         if gone:
             await self._unindex(gone)
-        if nearest is None:
-            return vetoed or Miss("below_threshold", best)
-        similarity, entry = nearest
-        if verification is not None:
-            return self._verified(
-                prompt, embedding, entry, similarity, verification, settings, best
-            )
-        if similarity >= entry.hit_floor:
-            return Hit(entry, "semantic", similarity)
-        return Miss("feedback", best, entry.id, similarity)
+        return nearest or vetoed or Miss("below_threshold", best)
 
     @staticmethod
     def _verified(
