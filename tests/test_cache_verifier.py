@@ -16,9 +16,13 @@ import pytest
 from cache.calibration import NEVER, Calibration, OperatingPoints, read_calibration
 from cache.entry import entry_id
 from cache.pairs import Pair, sweep
+from cache.recent_hits import RecentHits
 from cache.semantic_cache import Hit, Miss
 from cache.settings import CacheSettings, VerifierSettings
 from cache.verifier import Verification, Verifier, VerifierError, pair_features
+from gateway.config import parse_config
+from gateway.config.reload import restart_needed
+from gateway.pipeline.policy import resolve
 from router.embedder import Embedder
 from tests.test_cache import make_cache, put, scope, semantic
 
@@ -218,3 +222,37 @@ def test_on_held_out_quora_pairs_its_hits_are_right_more_often_than_the_threshol
     served = round(point.semantic_hit_rate * len(held_out_qqp))
     same_volume = cosine.at(float(np.sort(semantic)[::-1][served - 1]))
     assert point.semantic_wrong_share < same_volume.semantic_wrong_share
+
+
+CONFIG = """
+engines:
+  small: {backend: llama_cpp, model: smollm2-135m-instruct}
+cache: {max_false_hit_rate: 0.2}
+tenants:
+  strict: {max_false_hit_rate: 0.08}
+"""
+
+
+def test_a_tenant_sets_its_own_bound_and_the_verifier_needs_a_restart() -> None:
+    config = parse_config(CONFIG, "test")
+    assert resolve(config, "strict", arrived=0.0).cache.max_false_hit_rate == 0.08  # type: ignore[union-attr]
+    assert resolve(config, "other", arrived=0.0).cache.max_false_hit_rate == 0.2  # type: ignore[union-attr]
+    # The bound changes on a reload; the verifier (its weights, calibration, floor)
+    # is loaded once, at start.
+    tighter = parse_config(CONFIG.replace("0.2}", "0.1}"), "test")
+    assert restart_needed(config, tighter) == []
+    other_floor = parse_config(
+        CONFIG.replace("{max_false_hit_rate: 0.2}", "{verifier: {similarity_floor: 0.8}}"), "test"
+    )
+    assert restart_needed(config, other_floor) == ["cache.verifier"]
+
+
+def test_recent_hits_are_bounded_and_kept_per_tenant() -> None:
+    hits = RecentHits(capacity=2)
+    hits.add("a", "r1", 1, 0.9)
+    hits.add("b", "r1", 2, None)
+    assert hits.get("a", "r1") == (1, 0.9) and hits.get("b", "r1") == (2, None)
+    assert hits.get("c", "r1") is None  # another tenant's request id names nothing
+    hits.add("a", "r2", 3, 0.95)
+    assert hits.get("a", "r1") is None  # the oldest is forgotten first
+    assert hits.get("a", "r2") == (3, 0.95)
