@@ -147,6 +147,7 @@ async def _sweep(  # the embedded inputs of sweep(), passed through
     verification = None
     if settings.verifier is not None:
         verification = Verification(Verifier.load(settings.verifier.weights or BUNDLED), None)
+        verification.check(embedding_model)
     cache = SemanticCache(everything, MemoryStore(store), verification)
 
     def namespace(i: int) -> Namespace:

@@ -38,90 +38,18 @@ BUNDLED = Path(__file__).parent / "data" / "default.verifier"
 
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 # Words that say what kind of answer is wanted: "how" and "why" share a topic, not an answer.
-_ASKING = frozenset(
-    [
-        "what",
-        "how",
-        "why",
-        "which",
-        "who",
-        "whom",
-        "whose",
-        "when",
-        "where",
-        "is",
-        "are",
-        "can",
-        "do",
-        "does",
-        "did",
-        "should",
-        "would",
-        "will",
-        "could",
-        "was",
-        "were",
-        "has",
-        "have",
-        "may",
-        "must",
-        "shall",
-    ]
-)
-_STOPWORDS = _ASKING | frozenset(
-    [
-        "a",
-        "an",
-        "the",
-        "i",
-        "me",
-        "my",
-        "we",
-        "our",
-        "you",
-        "your",
-        "he",
-        "she",
-        "it",
-        "its",
-        "they",
-        "them",
-        "their",
-        "this",
-        "that",
-        "these",
-        "those",
-        "to",
-        "of",
-        "in",
-        "on",
-        "at",
-        "for",
-        "from",
-        "by",
-        "with",
-        "about",
-        "as",
-        "into",
-        "and",
-        "or",
-        "but",
-        "if",
-        "so",
-        "than",
-        "then",
-        "there",
-        "be",
-        "been",
-        "being",
-        "am",
-        "not",
-        "no",
-        "any",
-        "some",
-        "get",
-    ]
-)
+_ASKING = frozenset({
+    "what", "how", "why", "which", "who", "whom", "whose", "when", "where", "is", "are",
+    "can", "do", "does", "did", "should", "would", "will", "could", "was", "were", "has",
+    "have", "may", "must", "shall",
+})  # fmt: skip
+_STOPWORDS = _ASKING | frozenset({
+    "a", "an", "the", "i", "me", "my", "we", "our", "you", "your", "he", "she", "it",
+    "its", "they", "them", "their", "this", "that", "these", "those", "to", "of", "in",
+    "on", "at", "for", "from", "by", "with", "about", "as", "into", "and", "or", "but",
+    "if", "so", "than", "then", "there", "be", "been", "being", "am", "not", "no", "any",
+    "some", "get",
+})  # fmt: skip
 
 # The lexical features, in the order the model was trained on.
 LEXICAL = (
@@ -348,3 +276,12 @@ class Verification:
 
     def threshold(self, max_false_hit_rate: float) -> float:
         return 0.0 if self.points is None else self.points.threshold(max_false_hit_rate)
+
+    def check(self, embedding_model: str) -> None:
+        """The verifier learned the cosines of one embedder: refuse another's."""
+        if embedding_model != self.verifier.embedding_model:
+            raise VerifierError(
+                f"the cache verifier was trained on the cosines of {self.verifier.embedding_model}"
+                f", and this config embeds with {embedding_model}: retrain it for that model "
+                "(make verifier), or set cache.verifier: null"
+            )

@@ -97,6 +97,8 @@ class Runtime:
         if self.router is not None:
             await self.router.start()
         if self.cache is not None:
+            if self.cache.verification is not None and self.embedder is not None:
+                self.cache.verification.check(self.embedder.fingerprint)
             await self.cache.start()
 
     async def start(self) -> None:

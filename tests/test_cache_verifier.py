@@ -87,6 +87,12 @@ def test_weights_that_are_not_weights_are_refused(tmp_path: pytest.TempPathFacto
         Verifier.load(bad)
 
 
+def test_vectors_of_another_embedder_are_refused(verifier: Verifier) -> None:
+    verification = Verification(verifier, None)
+    with pytest.raises(VerifierError, match=r"make verifier"):
+        verification.check("some-other-model:0123")
+
+
 def test_a_calibration_of_other_weights_is_refused(verifier: Verifier) -> None:
     other = Calibration(verifier="0" * 16, pairs="x", queries=1, scores=[], wrong=[])
     with pytest.raises(VerifierError, match=r"satisfice cache calibrate"):
