@@ -53,7 +53,7 @@ class FeedbackResult(msgspec.Struct, frozen=True, kw_only=True):
         404: ResponseSpec(
             ErrorResponse, description="No such semantic hit or entry of this tenant, or no cache"
         ),
-        503: ResponseSpec(ErrorResponse, description="The cache store is unavailable"),
+        503: ResponseSpec(ErrorResponse, description="Not ready, or the cache store unavailable"),
     },
 )
 async def feedback(
@@ -64,6 +64,8 @@ async def feedback(
     cache = runtime.cache
     if cache is None:
         raise APIError(404, "this config has no cache", code="cache_off")
+    if not runtime.ready:  # the cache's indexes are not rebuilt yet: no entry is known
+        raise APIError(503, "not ready", type="server_error", code="not_ready", retry_after_s=5)
     entry_id, score = _named(data, runtime, caller.tenant)
     try:
         updated = await cache.report_false_hit(caller.tenant, entry_id, score)
