@@ -68,7 +68,13 @@ class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
     # The least score (the verifier's P; the similarity without a verifier) a semantic
     # hit on this entry needs, over the operating point: raised each time a hit on it
     # is reported wrong (POST /v1/feedback). Exact repeats are served whatever it is.
-    hit_floor: float = 0.0
+    # None until then, and so left out of the store's hash: a replica of an earlier
+    # version, which knows no such field, still reads the entry.
+    hit_floor: float | None = None
+
+    @property
+    def floor(self) -> float:
+        return self.hit_floor or 0.0
 
     def expired(self, now: float | None = None) -> bool:
         return self.expires_at is not None and (now or time.time()) >= self.expires_at

@@ -245,7 +245,7 @@ class SemanticCache:
             return self._verified(
                 prompt, embedding, entry, similarity, verification, settings, best
             )
-        if similarity >= entry.hit_floor:
+        if similarity >= entry.floor:
             return Hit(entry, "semantic", similarity)
         return Miss("feedback", best, entry.id, similarity)
 
@@ -297,7 +297,7 @@ class SemanticCache:
             prompt, embedding.vector, [(nearest.prompt, unpack_vector(nearest.vector))]
         )[0]
         operating_point = verification.threshold(settings.max_false_hit_rate)
-        if score >= max(operating_point, nearest.hit_floor):
+        if score >= max(operating_point, nearest.floor):
             return Hit(nearest, "semantic", similarity, score)
         stage = "verifier" if score < operating_point else "feedback"
         return Miss(stage, best, nearest.id, similarity, score)
@@ -388,7 +388,7 @@ class SemanticCache:
         if entry is None:
             return None
         floor = NEVER if score is None else score + (1.0 - score) / 2
-        updated = msgspec.structs.replace(entry, hit_floor=max(entry.hit_floor, floor))
+        updated = msgspec.structs.replace(entry, hit_floor=max(entry.floor, floor))
         # Stored again whole: replicas follow the change like any other write.
         await self.store.put([updated])
         self.counters.false_hits_reported += 1

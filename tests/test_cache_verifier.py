@@ -167,7 +167,7 @@ async def test_a_reported_false_hit_tightens_its_entry_only(embedder: Embedder) 
         assert await cache.report_false_hit("a", 12345, hit.score) is None
         updated = await cache.report_false_hit("a", hit.entry.id, hit.score)
         assert updated is not None
-        assert math.isclose(updated.hit_floor, hit.score + (1 - hit.score) / 2)
+        assert math.isclose(updated.floor, hit.score + (1 - hit.score) / 2)
         turned_down = await semantic(cache, embedder, ns, query)
         assert isinstance(turned_down, Miss) and turned_down.reason == "feedback"
         assert turned_down.candidate == hit.entry.id
@@ -177,7 +177,7 @@ async def test_a_reported_false_hit_tightens_its_entry_only(embedder: Embedder) 
         assert isinstance(await semantic(cache, embedder, other, query), Hit)
         # Without a score the entry's semantic hits stop whatever the P.
         stopped = await cache.report_false_hit("b", entry_id(other, cached), None)
-        assert stopped is not None and stopped.hit_floor == NEVER
+        assert stopped is not None and stopped.floor == NEVER
         assert isinstance(await semantic(cache, embedder, other, query), Miss)
 
 

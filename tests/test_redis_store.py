@@ -11,6 +11,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import msgspec
 import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -174,6 +175,13 @@ async def test_layout_one_hash_per_entry_with_redis_expiry(
     assert 59_000 < await raw.pttl(key) <= 60_000
     lasting = await raw.hgetall(f"{prefix}:{{t:m:abc}}:8")
     assert b"expires_at" not in lasting
+    # Never reported wrong: no hit_floor field, which a replica of an earlier version
+    # would not know. Reported: the floor is kept and read back.
+    assert b"hit_floor" not in lasting
+    reported = msgspec.structs.replace(entry(8, "t:m:abc"), hit_floor=0.975)
+    await store.put([reported])
+    assert (await raw.hgetall(f"{prefix}:{{t:m:abc}}:8"))[b"hit_floor"] == b"0.975"
+    assert await store.get("t:m:abc", 8) == reported
     assert await raw.pttl(f"{prefix}:{{t:m:abc}}:8") == -1
     assert await raw.type(f"{prefix}:changes") == b"stream"
 

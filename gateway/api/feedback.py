@@ -80,7 +80,7 @@ async def feedback(
             "or invalidated since, or another tenant's)", param="entry_id", code="not_found",
         )  # fmt: skip
     runtime.metrics.false_hit_reported(caller.tenant)
-    return FeedbackResult(entry_id=str(updated.id), hit_floor=updated.hit_floor)
+    return FeedbackResult(entry_id=str(updated.id), hit_floor=updated.floor)
 
 
 def _named(data: FeedbackRequest, runtime: Runtime, tenant: str) -> tuple[int, float | None]:

@@ -191,7 +191,7 @@ def cache_feedback(args: argparse.Namespace) -> int:
     if updated is None:
         print(f"tenant {args.tenant!r} has no cache entry {args.entry_id}", file=sys.stderr)
         return 1
-    print(json.dumps({"entry_id": str(updated.id), "hit_floor": updated.hit_floor}))
+    print(json.dumps({"entry_id": str(updated.id), "hit_floor": updated.floor}))
     return 0
 
 
