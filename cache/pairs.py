@@ -128,7 +128,7 @@ def sweep(
     )
 
 
-async def _sweep(  # the embedded inputs of sweep(), passed through
+async def _sweep(
     pairs: list[Pair],
     warm: list[str],
     cached_vectors: Vectors,
@@ -180,7 +180,8 @@ async def _sweep(  # the embedded inputs of sweep(), passed through
             found = await cache.lookup(namespace(i), pair.b, known)
             if isinstance(found, Hit):
                 exact = found.path == "exact"
-                score[i] = np.inf if exact else (found.score or found.similarity)
+                decided_by = found.similarity if found.score is None else found.score
+                score[i] = np.inf if exact else decided_by
                 correct[i] = pair.label == 1 and normalise(found.entry.prompt) == normalise(pair.a)
                 served[i] = found.entry.prompt
         by: Literal["verifier", "similarity"] = "similarity" if verification is None else "verifier"

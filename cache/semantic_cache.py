@@ -382,7 +382,9 @@ class SemanticCache:
         trusts no more, is not served it again; with no score, turn its semantic hits
         off. Exact repeats still serve it. None: ``tenant`` has no such entry here."""
         where = self._state.indexed.get(id_)
-        if where is None or not where[0].startswith(f"{tenant}:"):
+        # The namespace key begins "tenant:": compared whole, so "acme:small" names no
+        # tenant whose entries it could reach.
+        if where is None or where[0].split(":", 1)[0] != tenant:
             return None
         entry = await self.store.get(where[0], id_)
         if entry is None:

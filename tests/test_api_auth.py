@@ -17,7 +17,9 @@ from gateway.api.auth import hash_key
 from tests.support import BUNDLED_ENGINES, satisfice, start_gateway, stop
 
 ALPHA, BRAVO, OPS = (f"sk-{name}-{uuid.uuid4().hex}" for name in ("alpha", "bravo", "ops"))
-LIMITED, TOKENS = (f"sk-{name}-{uuid.uuid4().hex}" for name in ("limited", "tokens"))
+LIMITED, TOKENS, REPORTS = (
+    f"sk-{name}-{uuid.uuid4().hex}" for name in ("limited", "tokens", "reports")
+)
 # Key names are what the shared Redis counts under: unique per run, so counts from an
 # earlier run in the same minute cannot leak into this one.
 RUN = uuid.uuid4().hex[:8]
@@ -38,6 +40,7 @@ auth:
     ops: {{sha256: {hash_key(OPS)}, admin: true}}
     limited-{RUN}: {{sha256: {hash_key(LIMITED)}, tenant: alpha, requests_per_minute: 2}}
     tokens-{RUN}: {{sha256: {hash_key(TOKENS)}, tenant: alpha, tokens_per_minute: 300}}
+    reports-{RUN}: {{sha256: {hash_key(REPORTS)}, tenant: alpha, requests_per_minute: 2}}
 {BUNDLED_ENGINES}
 """
 
@@ -115,6 +118,24 @@ def test_tenants_neither_read_nor_fill_each_others_cache(url: str) -> None:
     stats = httpx.get(f"{url}/admin/cache/stats", headers={"Authorization": f"Bearer {OPS}"})
     tenants = {n["namespace"].split(":")[0] for n in stats.json()["namespaces"]}
     assert {"alpha", "bravo"} <= tenants
+
+
+def test_a_tenant_reports_only_its_own_entries_within_its_key_limit(url: str) -> None:
+    question = f"Reply with one word, the colour of grass. ({uuid.uuid4().hex[:6]})"
+    ask(url, ALPHA, question)
+    _eventually_hit(url, ALPHA, question)
+    entry = ask(url, ALPHA, question).headers["x-satisfice-cache-entry"]
+
+    def report(key: str) -> httpx.Response:
+        return httpx.post(f"{url}/v1/feedback", json={"entry_id": entry},
+                          headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+
+    assert report("sk-unknown").status_code == 401
+    stranger = report(BRAVO)  # bravo's key: alpha's entry is not there for it
+    assert stranger.status_code == 404 and "'bravo'" in stranger.json()["error"]["message"]
+    assert report(ALPHA).status_code == 200
+    # Each report is a request charged to the key: the third in a minute is refused.
+    assert [report(REPORTS).status_code for _ in range(3)] == [200, 200, 429]
 
 
 def _eventually_hit(url: str, key: str, question: str) -> str:

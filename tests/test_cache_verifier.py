@@ -165,6 +165,8 @@ async def test_a_reported_false_hit_tightens_its_entry_only(embedder: Embedder) 
         # Another tenant cannot touch it, nor an id nobody has.
         assert await cache.report_false_hit("b", hit.entry.id, hit.score) is None
         assert await cache.report_false_hit("a", 12345, hit.score) is None
+        # A "tenant" that is a prefix of the namespace key names no tenant.
+        assert await cache.report_false_hit("a:small", hit.entry.id, hit.score) is None
         updated = await cache.report_false_hit("a", hit.entry.id, hit.score)
         assert updated is not None
         assert math.isclose(updated.floor, hit.score + (1 - hit.score) / 2)

@@ -22,6 +22,7 @@ from gateway.api.auth import Caller
 from gateway.api.errors import APIError, shown
 from gateway.api.guards import require_json, require_key
 from gateway.api.wire import ErrorResponse
+from gateway.config import GatewayConfig
 from gateway.runtime import Runtime
 
 
@@ -50,6 +51,7 @@ class FeedbackResult(msgspec.Struct, frozen=True, kw_only=True):
     responses={
         400: ResponseSpec(ErrorResponse, description="Invalid request"),
         401: ResponseSpec(ErrorResponse, description="No API key, or an unknown one"),
+        429: ResponseSpec(ErrorResponse, description="The key's rate limit; see Retry-After"),
         404: ResponseSpec(
             ErrorResponse, description="No such semantic hit or entry of this tenant, or no cache"
         ),
@@ -66,6 +68,11 @@ async def feedback(
         raise APIError(404, "this config has no cache", code="cache_off")
     if not runtime.ready:  # the cache's indexes are not rebuilt yet: no entry is known
         raise APIError(503, "not ready", type="server_error", code="not_ready", retry_after_s=5)
+    if caller.limits is not None:  # a report writes to the store: one request, no tokens
+        config: GatewayConfig = request.state.config
+        await runtime.limiter.admit(
+            caller.key or "", caller.limits, 0, config.auth.rate_limit_outage
+        )
     entry_id, score = _named(data, runtime, caller.tenant)
     try:
         updated = await cache.report_false_hit(caller.tenant, entry_id, score)
