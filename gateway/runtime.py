@@ -46,7 +46,7 @@ class Runtime:
         }  # fmt: skip
         # One embedder serves the cache and the router: a prompt is embedded once.
         needs_embedder = config.router is not None or config.cache is not None
-        self.embedder = Embedder(config.embedder) if needs_embedder else None
+        self.embedder = Embedder(config.embedder, models_dir) if needs_embedder else None
         self.router: Router | None = None
         if config.router is not None and self.embedder is not None:
             self.router = Router(config.router, self.embedder)

@@ -13,15 +13,20 @@ import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal, Protocol
 
 import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from router.onnx_export import Precision
+
 Vectors = npt.NDArray[np.float32]
 
 BUNDLED_EMBEDDER = "all-minilm-l6-v2"
+# Where an exported graph is kept when the caller names no folder (the config's
+# models_dir default).
+DEFAULT_MODELS_DIR = Path("~/.cache/satisfice/models")
 
 
 class Embedding(msgspec.Struct, frozen=True):
@@ -37,8 +42,13 @@ class EmbedderSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, 
     model: str = BUNDLED_EMBEDDER
     # The most prompts encoded in one call; more wait for the next batch.
     max_batch: Annotated[int, msgspec.Meta(ge=1)] = 64
-    # CPU threads the embedding model may use (torch's intra-op threads).
+    # CPU threads the embedding model may use (intra-op threads).
     threads: Annotated[int, msgspec.Meta(ge=1)] = 1
+    # What computes the embeddings. onnx: the model's own weights exported once to an
+    # ONNX graph (into models_dir) and run by onnxruntime, the same vectors as torch's
+    # at a third of the time per query; onnx-int8: its weights quantized, faster again,
+    # vectors within about 0.99 cosine; torch: sentence-transformers.
+    runtime: Literal["onnx", "onnx-int8", "torch"] = "onnx"
     # Prompts that may wait while a batch is embedded; one more is refused at once
     # (the API answers 429 with Retry-After) instead of waiting without bound when
     # requests arrive faster than they can be embedded.
@@ -77,17 +87,43 @@ def model_fingerprint(name: str, model_dir: Path) -> str:
     return f"{Path(name).name}:{digest.hexdigest()[:16]}"
 
 
+class _Encoder(Protocol):
+    def encode(self, texts: Sequence[str]) -> Vectors: ...
+
+
+class _TorchEncoder:
+    def __init__(self, model_dir: Path, threads: int) -> None:
+        import torch
+        from sentence_transformers import SentenceTransformer
+
+        torch.set_num_threads(threads)
+        self._model = SentenceTransformer(str(model_dir), device="cpu")
+        self.dim = int(self._model.get_embedding_dimension() or 0)
+
+    def encode(self, texts: Sequence[str]) -> Vectors:
+        vectors = self._model.encode(
+            list(texts),
+            batch_size=max(1, len(texts)),
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+        return np.ascontiguousarray(vectors, dtype=np.float32)
+
+
 class Embedder:
     """Normalised float32 embeddings (cosine similarity = dot product)."""
 
-    def __init__(self, settings: EmbedderSettings) -> None:
+    def __init__(self, settings: EmbedderSettings, models_dir: Path | None = None) -> None:
+        """``models_dir``: where the ONNX runtimes keep the exported graph."""
         self.settings = settings
+        self._models_dir = (models_dir or DEFAULT_MODELS_DIR).expanduser()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="embedder")
         self._pending: list[tuple[str, asyncio.Future[Vectors]]] = []
         self._busy = False
         self.fingerprint = ""
         self.dim = 0
-        self._model: object | None = None
+        self._encoder: _Encoder | None = None
 
     async def start(self) -> None:
         await asyncio.get_running_loop().run_in_executor(self._executor, self.load)
@@ -96,31 +132,37 @@ class Embedder:
         """Blocking: load the model (tools call this; the gateway awaits ``start``)."""
         # The bundled weights are on disk; the hub must never be asked for anything.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        import torch
-        from sentence_transformers import SentenceTransformer
+        settings = self.settings
+        model_dir = bundled_model_dir(settings.model)
+        # The fingerprint names the weights, whatever computes with them: the ONNX
+        # graphs are made from the same weights, and agree with them (onnx_export).
+        self.fingerprint = model_fingerprint(settings.model, model_dir)
+        if settings.runtime == "torch":
+            torch_encoder = _TorchEncoder(model_dir, settings.threads)
+            self._encoder, self.dim = torch_encoder, torch_encoder.dim
+            return
+        from router.onnx_export import onnx_file
+        from router.onnx_runtime import OnnxSentenceEncoder
 
-        torch.set_num_threads(self.settings.threads)
-        model_dir = bundled_model_dir(self.settings.model)
-        model = SentenceTransformer(str(model_dir), device="cpu")
-        self._model = model
-        self.dim = int(model.get_embedding_dimension() or 0)
-        self.fingerprint = model_fingerprint(self.settings.model, model_dir)
+        precision: Precision = "int8" if settings.runtime == "onnx-int8" else "fp32"
+        graph = onnx_file(model_dir, self.fingerprint, precision, self._models_dir)
+        onnx_encoder = OnnxSentenceEncoder(model_dir, graph, settings.threads)
+        self._encoder, self.dim = onnx_encoder, onnx_encoder.dim
 
     def encode(self, texts: Sequence[str]) -> Vectors:
         """Blocking: embed a batch. For tools and the worker thread, never the event loop."""
-        from sentence_transformers import SentenceTransformer
-
-        model = self._model
-        if not isinstance(model, SentenceTransformer):
+        if self._encoder is None:
             raise RuntimeError("embedder is not started")
-        vectors = model.encode(
-            list(texts),
-            batch_size=self.settings.max_batch,
-            normalize_embeddings=True,
-            convert_to_numpy=True,
-            show_progress_bar=False,
-        )
-        return np.ascontiguousarray(vectors, dtype=np.float32)
+        step = self.settings.max_batch
+        if len(texts) <= step:
+            return self._encoder.encode(texts)
+        # A batch is padded to its longest text: many texts are batched by length.
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        vectors = np.empty((len(texts), self.dim), dtype=np.float32)
+        for start in range(0, len(order), step):
+            rows = order[start : start + step]
+            vectors[rows] = self._encoder.encode([texts[i] for i in rows])
+        return vectors
 
     async def embed_many(self, texts: Sequence[str]) -> Vectors:
         """A batch of embeddings on the embedder's thread (warm-up, tools), taking

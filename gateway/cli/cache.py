@@ -27,7 +27,7 @@ def _swept(
     config: GatewayConfig, files: list[str], *, pairwise: bool
 ) -> tuple[CacheSettings, Sweep]:
     settings = config.cache or CacheSettings()
-    embedder = Embedder(config.embedder)
+    embedder = Embedder(config.embedder, Path(config.models_dir))
     embedder.load()
     pairs = [pair for path in files for pair in read_pairs(path)]
     cached = len({p.a for p in pairs})
@@ -112,7 +112,7 @@ def cache_warmup(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     data = Path(args.file).read_bytes()
     queries = Path(args.queries).read_bytes() if args.queries else None
-    embedder = Embedder(config.embedder)
+    embedder = Embedder(config.embedder, Path(config.models_dir))
 
     async def run() -> DryRun | WarmupReport:
         await embedder.start()

@@ -12,9 +12,9 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from gateway.config import load_config
+from gateway.config import GatewayConfig, load_config
 from router import calibrate
-from router.embedder import Embedder, EmbedderSettings, Vectors
+from router.embedder import Embedder, Vectors
 from router.fitting import cross_validated_scores, fit_router
 from router.model_file import read_router, write_router
 from router.outcomes import Outcome, read_outcomes, read_prompts
@@ -35,8 +35,8 @@ _SUMMARY = (
 )
 
 
-def _embed(settings: EmbedderSettings, prompts: Sequence[str]) -> tuple[Vectors, str]:
-    embedder = Embedder(settings)
+def _embed(config: GatewayConfig, prompts: Sequence[str]) -> tuple[Vectors, str]:
+    embedder = Embedder(config.embedder, Path(config.models_dir))
     embedder.load()
     print(f"embedding {len(prompts)} prompts ...", file=sys.stderr)
     return embedder.encode(prompts), embedder.fingerprint
@@ -54,7 +54,7 @@ def _load_outcomes(path: str, skip_bad: bool) -> list[Outcome]:
 def router_fit(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     outcomes = _load_outcomes(args.outcomes, args.skip_bad)
-    vectors, fingerprint = _embed(config.embedder, [o.prompt for o in outcomes])
+    vectors, fingerprint = _embed(config, [o.prompt for o in outcomes])
     model = fit_router(
         args.kind,
         outcomes,
@@ -74,7 +74,7 @@ def router_calibrate(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     settings = config.router if config.router is not None else RouterSettings()
     path = args.router or router_file(settings)
-    embedder = Embedder(config.embedder)
+    embedder = Embedder(config.embedder, Path(config.models_dir))
     embedder.load()
     model = read_router(path, embedding=embedder.fingerprint)
     if args.target_quality is not None:
@@ -99,7 +99,7 @@ def router_eval(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     outcomes = _load_outcomes(args.outcomes, args.skip_bad)
-    vectors, _ = _embed(config.embedder, [o.prompt for o in outcomes])
+    vectors, _ = _embed(config, [o.prompt for o in outcomes])
     small = np.array([o.small for o in outcomes])
     large = np.array([o.large for o in outcomes])
     reports: dict[str, RoutingReport] = {}
