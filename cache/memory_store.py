@@ -79,6 +79,9 @@ class MemoryStore:
                 log.exception("cache snapshot %s could not be written", path)
 
     async def get(self, namespace: str, id_: int) -> CacheEntry | None:
+        return self.peek(namespace, id_)
+
+    def peek(self, namespace: str, id_: int) -> CacheEntry | None:
         entry = self._entries.get(id_)
         if entry is None or entry.namespace != namespace:
             return None
@@ -88,7 +91,7 @@ class MemoryStore:
         return entry
 
     async def get_many(self, namespace: str, ids: list[int]) -> list[CacheEntry | None]:
-        return [await self.get(namespace, id_) for id_ in ids]
+        return [self.peek(namespace, id_) for id_ in ids]
 
     async def put(self, entries: list[CacheEntry]) -> list[CacheEntry]:
         for entry in entries:

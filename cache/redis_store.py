@@ -43,6 +43,7 @@ from redis.exceptions import ReadOnlyError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from cache.entry import CacheEntry
+from cache.near import NearCache, NearCacheStats
 from cache.settings import RedisStoreSettings
 from cache.store import (
     Change,
@@ -306,6 +307,10 @@ class RedisStore:
         self._resync_needed = False  # an outage happened; the follower owes a Resync
         self._last_refusal = ""
         self._corrupt_logged: set[bytes] = set()
+        self._near = NearCache(settings.near_cache_bytes) if settings.near_cache_bytes else None
+        # The near cache answers only while the change follower runs: without it,
+        # other replicas' changes would never reach it.
+        self._following = False
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -333,20 +338,32 @@ class RedisStore:
 
     # -- entries --------------------------------------------------------------------
 
+    def peek(self, namespace: str, id_: int) -> CacheEntry | None:
+        """The entry if this process holds it (the near cache), without a round trip."""
+        if self._near is None or not self._following or self._resync_needed:
+            return None
+        return self._near.get(namespace, id_)
+
     async def get(self, namespace: str, id_: int) -> CacheEntry | None:
-        key = self._key(namespace, id_)
-        (raw,) = await self._hgetall([key])
-        return self._entry(key, raw, namespace, id_)
+        (entry,) = await self.get_many(namespace, [id_])
+        return entry
 
     async def get_many(self, namespace: str, ids: list[int]) -> list[CacheEntry | None]:
-        if not ids:
-            return []
-        keys = [self._key(namespace, id_) for id_ in ids]
+        found = [self.peek(namespace, id_) for id_ in ids]
+        missing = [i for i, entry in enumerate(found) if entry is None]
+        if not missing:
+            return found
+        read_at = None if self._near is None else self._near.generation
+        keys = [self._key(namespace, ids[i]) for i in missing]
         raws = await self._hgetall(keys)
-        return [
-            self._entry(key, raw, namespace, id_)
-            for key, raw, id_ in zip(keys, raws, ids, strict=True)
-        ]
+        for i, key, raw in zip(missing, keys, raws, strict=True):
+            entry = found[i] = self._entry(key, raw, namespace, ids[i])
+            if entry is not None and self._near is not None and read_at is not None:
+                self._near.fill(entry, read_at)
+        return found
+
+    def near_stats(self) -> NearCacheStats | None:
+        return None if self._near is None else self._near.stats()
 
     async def put(self, entries: list[CacheEntry]) -> list[CacheEntry]:
         """Store and announce the entries in one transaction; Redis evicts by its own
@@ -374,7 +391,14 @@ class RedisStore:
         # Bulk writes (a warm-up) go in small transactions: each round trip must fit
         # in timeout_s, which is sized for one request's write-back.
         for start in range(0, len(live), _PUT_CHUNK):
-            await self._call(write(live[start : start + _PUT_CHUNK]))
+            chunk = live[start : start + _PUT_CHUNK]
+            try:
+                await self._call(write(chunk))
+            except BaseException:
+                self._near_changed([e.id for e in chunk])  # written or not: not known
+                raise
+            if self._near is not None:
+                self._near.wrote(chunk)
         return []
 
     async def delete(self, namespace: str, id_: int) -> bool:
@@ -387,9 +411,19 @@ class RedisStore:
                 removed, _ = await pipe.execute()
             return int(removed) > 0
 
-        return await self._call(unlink)
+        try:
+            return await self._call(unlink)
+        finally:  # after the unlink: a read begun before it is not kept either
+            self._near_changed([id_])
 
     async def invalidate(self, namespace: str | None) -> int:
+        try:
+            return await self._invalidate(namespace)
+        finally:
+            if self._near is not None:
+                self._near.changed_scope(namespace)
+
+    async def _invalidate(self, namespace: str | None) -> int:
         if namespace is None:
             pattern = self._entries_pattern
         else:
@@ -443,19 +477,25 @@ class RedisStore:
         """What other stores announce, from the position noted at ``start()``, until
         ``close()``. Survives outages: after one it yields ``Resync()``, as it does
         when the stream was trimmed past its position or lost by Redis. One consumer
-        at a time: the position is the store's."""
-        while True:
-            try:
-                # Raced against close(), which would otherwise wait out a blocked XREAD.
-                batch = await self._unless_closed(self._next_changes())
-            except StoreUnavailable:
-                if not await self._pause(self.settings.retry_interval_s):
+        at a time: the position is the store's. While it runs, the near cache serves."""
+        self._following = True
+        try:
+            while True:
+                try:
+                    # Raced against close(), which would otherwise wait out a blocked XREAD.
+                    batch = await self._unless_closed(self._next_changes())
+                except StoreUnavailable:
+                    if not await self._pause(self.settings.retry_interval_s):
+                        return
+                    continue
+                if batch is None:
                     return
-                continue
-            if batch is None:
-                return
-            for change in batch:
-                yield change
+                for change in batch:
+                    yield change
+        finally:
+            self._following = False
+            if self._near is not None:
+                self._near.changed_scope(None)
 
     async def _next_changes(self) -> list[Change]:
         if self._position is None or self._resync_needed:
@@ -487,7 +527,10 @@ class RedisStore:
 
     def _restart_at(self, state: _StreamState | None) -> Resync:
         """Follow from the stream's end as it is now: what came before is in what the
-        consumer rebuilds from, which it reads after this."""
+        consumer rebuilds from, which it reads after this (and the near cache from
+        the store again)."""
+        if self._near is not None:
+            self._near.changed_scope(None)
         if state is None:  # no stream yet: it will count from its first change
             self._position, self._added = _STREAM_START, 0
         else:
@@ -528,9 +571,30 @@ class RedisStore:
                 # A change we cannot read is one we cannot apply: rebuild instead.
                 log.warning("undecodable cache change %s (%s): rebuilding", event.id, exc)
                 change = Resync()
+            self._near_follows(change)
             if not (isinstance(change, Resync) and changes and changes[-1] == change):
                 changes.append(change)
         return changes
+
+    def _near_follows(self, change: Change) -> None:
+        """Another replica's change drops what it touched here (never replaces it: two
+        replicas' writes of one entry arrive in the store's order, and this one's own
+        write, which may be the later, is not on the stream it reads)."""
+        if self._near is None:
+            return
+        if isinstance(change, Put):
+            self._near.changed(change.entry.id)
+        elif isinstance(change, Deleted):
+            self._near.changed(change.id)
+        elif isinstance(change, Invalidated):
+            self._near.changed_scope(change.namespace)
+        else:
+            self._near.changed_scope(None)
+
+    def _near_changed(self, ids: list[int]) -> None:
+        if self._near is not None:
+            for id_ in ids:
+                self._near.changed(id_)
 
     async def _xread(self, redis: Redis, position: _StreamId) -> Any:
         block_ms = int(_BLOCK_S * 1000)

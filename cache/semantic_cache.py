@@ -190,6 +190,20 @@ class SemanticCache:
         self.counters.exact_hits += 1
         return Hit(entry, "exact", 1.0)
 
+    def exact_at_hand(
+        self, namespace: Namespace, prompt: str, settings: CacheSettings | None = None
+    ) -> Hit | None:
+        """The exact hit this process holds (the memory store, or Redis's near cache),
+        at once; None when it holds none, though ``exact`` may still find one. Not
+        counted as a hit until ``note_exact_hit``: it may yet not be served."""
+        if not (settings or self.settings).exact:
+            return None
+        entry = self.store.peek(namespace.key, entry_id(namespace, prompt))
+        return None if entry is None else Hit(entry, "exact", 1.0)
+
+    def note_exact_hit(self) -> None:
+        self.counters.exact_hits += 1
+
     async def semantic(
         self,
         namespace: Namespace,

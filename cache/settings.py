@@ -44,6 +44,11 @@ class RedisStoreSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True
     # Pooled connections requests may hold at once (the sync stream and scans have
     # their own).
     max_connections: Annotated[int, msgspec.Meta(ge=1)] = 64
+    # Entries read or written by this process kept in it too, so that a repeated
+    # question is answered without a round trip to Redis; kept coherent by the sync
+    # stream, and not used while Redis is unreachable. The least recently used go
+    # first beyond this many bytes (text, vector and about 770 bytes each); 0: off.
+    near_cache_bytes: Annotated[int, msgspec.Meta(ge=0)] = 64 * 1024 * 1024
 
 
 StoreSettings = MemoryStoreSettings | RedisStoreSettings

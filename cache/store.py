@@ -59,6 +59,11 @@ class CacheStore(Protocol):
 
     async def close(self) -> None: ...
 
+    def peek(self, namespace: str, id_: int) -> CacheEntry | None:
+        """The live entry if this process holds it, without waiting for anything; None
+        says nothing about the store (``get`` may still find it there)."""
+        ...
+
     async def get(self, namespace: str, id_: int) -> CacheEntry | None:
         """The live entry, or None if absent or expired."""
         ...

@@ -12,9 +12,11 @@ from pathlib import Path
 from litestar import Litestar
 from litestar.datastructures import State
 from litestar.openapi import OpenAPIConfig
+from litestar.types import ASGIApp
 
 from gateway.api.admin import ADMIN_HANDLERS
 from gateway.api.errors import EXCEPTION_HANDLERS, JSONRequest
+from gateway.api.express import ExpressHits
 from gateway.api.routes import ROUTES
 from gateway.config import GatewayConfig
 from gateway.config.reload import start_reloading
@@ -34,6 +36,7 @@ def create_app(
     overrides). ``on_start_failure`` hears why the models could not start (the serve
     command stops the server then, rather than serve a gateway that is never ready)."""
     runtime = Runtime(config)
+    pipeline = Pipeline(runtime)
     # The config's telemetry section wins over the standard OTEL_* variables.
     telemetry = config.telemetry or tracing.from_environment(os.environ)
     traces = tracing.Tracing(telemetry) if telemetry is not None else None
@@ -61,9 +64,7 @@ def create_app(
 
     app = Litestar(
         route_handlers=[*ROUTES, *ADMIN_HANDLERS],
-        state=State(
-            {"runtime": runtime, "pipeline": Pipeline(runtime), "started_at": int(time.time())}
-        ),
+        state=State({"runtime": runtime, "pipeline": pipeline, "started_at": int(time.time())}),
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
         request_class=JSONRequest,
@@ -73,8 +74,9 @@ def create_app(
         # the root logger's handler with its own format.
         logging_config=None,
     )
-    # Outside Litestar's exception handling, so its 404s and 500s carry the id too.
-    handler = app.asgi_handler
+    # Exact hits at hand are answered before Litestar; outside its exception handling,
+    # so its 404s and 500s carry the id too.
+    handler: ASGIApp = ExpressHits(app.asgi_handler, runtime, pipeline)
     if traces is not None:
         handler = tracing.server_spans(handler, traces.tracer)
     app.asgi_handler = logs.RequestIds(handler)

@@ -4,6 +4,8 @@ event as a server-sent chunk the moment it comes. The one place either is writte
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Sequence
 
@@ -42,6 +44,52 @@ class Reply(msgspec.Struct, frozen=True, kw_only=True):
     model: str
     include_usage: bool  # a stream ends with a usage chunk
     trace: bool  # the decision trace in a plain answer's body
+
+
+def completion_id() -> str:
+    """OpenAI's form: "chatcmpl-" and 32 hex digits, random."""
+    return "chatcmpl-" + os.urandom(16).hex()
+
+
+# Stand-ins for a response's id and time while a template is rendered: any value would
+# do, since `"id":"` and `"created":` cannot occur inside a JSON string, where every
+# quote is escaped. A completion id has this length, and the time has ten digits.
+_TEMPLATE_ID = "chatcmpl-" + "t" * 32
+_TEMPLATE_CREATED = 1_000_000_000
+_HOLES = re.compile(
+    rb'(?<="id":")' + _TEMPLATE_ID.encode() + rb'(?=")|(?<="created":)'
+    + str(_TEMPLATE_CREATED).encode() + rb"(?=,)"
+)  # fmt: skip
+
+
+class Template:
+    """A whole response body rendered once, with holes for each response's own id and
+    time: how a cached answer is sent again without encoding it again."""
+
+    def __init__(self, rendered: bytes) -> None:
+        self._parts = _HOLES.split(rendered)
+
+    def fill(self, id_: str, created: int) -> bytes:
+        """The body of a response ``id_``, made at ``created``: in each event its id
+        comes before its time (the wire structs' field order)."""
+        values = (id_.encode(), str(created).encode())
+        pieces = [self._parts[0]]
+        for i, part in enumerate(self._parts[1:]):
+            pieces += (values[i % 2], part)
+        return b"".join(pieces)
+
+
+async def template(outcome: Outcome, model: str, *, stream: bool, include_usage: bool) -> Template:
+    """The body ``completion`` (or with ``stream``, ``chunks``) renders for ``outcome``,
+    as a template: the same function renders it, so the bytes are the same."""
+    reply = Reply(
+        id=_TEMPLATE_ID, created=_TEMPLATE_CREATED, model=model,
+        include_usage=include_usage, trace=False,
+    )  # fmt: skip
+    if not stream:
+        return Template(await completion(outcome, reply))
+    body = [part async for part in chunks(outcome, reply, lambda: None, lambda _: None)]
+    return Template(b"".join(body))
 
 
 async def completion(outcome: Outcome, reply: Reply) -> bytes:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -102,17 +101,7 @@ async def chat_completions(
     request.state[COUNTED] = True  # by end() below, however the request ends
 
     def end(status: int) -> None:
-        """How the exchange ended, once, for the metrics, the access log and the span."""
-        seconds = exchange.ended(decision, status)
-        if decision.cache == "semantic" and decision.cache_entry is not None and status == 200:
-            rid = logs.request_id.get()
-            if rid is not None:
-                runtime.recent_hits.add(
-                    caller.tenant, rid, decision.cache_entry, decision.cache_score
-                )
-        if seconds is not None:
-            logs.access(decision, status, seconds, caller.key)
-            tracing.chat_ended(decision)
+        exchange_ended(runtime, caller, decision, exchange, status)
 
     try:
         response = await _chat(state, request, data, decision, arrived, exchange, end)
@@ -120,6 +109,20 @@ async def chat_completions(
         end(_status(exc))
         raise
     return response.to_asgi_response(None, request)
+
+
+def exchange_ended(
+    runtime: Runtime, caller: Caller, decision: Decision, exchange: Exchange, status: int
+) -> None:
+    """How a chat exchange ended, once, for the metrics, the access log and the span."""
+    seconds = exchange.ended(decision, status)
+    if decision.cache == "semantic" and decision.cache_entry is not None and status == 200:
+        rid = logs.request_id.get()
+        if rid is not None:
+            runtime.recent_hits.add(caller.tenant, rid, decision.cache_entry, decision.cache_score)
+    if seconds is not None:
+        logs.access(decision, status, seconds, caller.key)
+        tracing.chat_ended(decision)
 
 
 async def _chat(
@@ -148,10 +151,10 @@ async def _chat(
         arrived=arrived,
         asked_deadline_ms=asked.deadline_ms,
         control=asked.cache,
-        conversation=asked.conversation or _user_conversation(data, config),
+        conversation=asked.conversation or user_conversation(data, config),
     )
     reply = render.Reply(
-        id=f"chatcmpl-{uuid.uuid4().hex}",
+        id=render.completion_id(),
         created=int(time.time()),
         model=data.model,
         include_usage=chat.include_usage,
@@ -192,7 +195,7 @@ async def _completion(
     return await render.completion(await pipeline.run(chat, policy, decision), reply)
 
 
-def _user_conversation(data: ChatCompletionRequest, config: GatewayConfig) -> str | None:
+def user_conversation(data: ChatCompletionRequest, config: GatewayConfig) -> str | None:
     """The OpenAI ``user`` field names a conversation only where the config says so: it
     is an end user's id, and one user may ask two questions at once."""
     return data.user if config.server.user_is_conversation else None

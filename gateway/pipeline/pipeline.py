@@ -114,6 +114,28 @@ class Pipeline:
             raise
         return Outcome(decision, events)
 
+    def exact_at_hand(
+        self, request: ChatRequest, policy: Policy, decision: Decision
+    ) -> tuple[Outcome, Hit] | None:
+        """Step 1 alone, when this process holds the answer and nothing else need run:
+        what ``run`` would answer, decided in one synchronous step (the HTTP layer's
+        express path). None: ``run`` must decide, which may still find an exact hit
+        (in the store) or answer otherwise. The hit is not counted: the caller counts
+        it when it serves it (``SemanticCache.note_exact_hit``)."""
+        cache = self._runtime.cache
+        if cache is None or policy.conversation is not None:
+            return None  # a conversation's turn first stops the last one's thinking
+        if request.model == AUTO_MODEL and self._runtime.router is None:
+            return None
+        plan = self._cache_plan(request, policy)
+        if plan is None or not plan.lookup:
+            return None
+        found = cache.exact_at_hand(plan.namespace, plan.prompt, policy.cache)
+        if found is None or found.entry.completion_tokens > request.params.max_tokens:
+            return None
+        decision.cache = decision.route = found.path
+        return Outcome(decision, _told(_served(found, decision))), found
+
     # -- 1-3: the cache ------------------------------------------------------------
 
     def _cache_plan(self, request: ChatRequest, policy: Policy) -> CachePlan | None:
@@ -167,15 +189,7 @@ class Pipeline:
             decision.cache_stage = "too_long"
             return None
         decision.cache = decision.route = found.path
-        decision.engine = found.entry.model
-        decision.cache_entry = found.entry.id
-        decision.similarity = found.similarity
-        decision.cache_score = found.score
-        decision.cache_stage = _stage(found)
-        entry = found.entry
-        return Answer(
-            text=entry.response, finish_reason="stop", completion_tokens=entry.completion_tokens
-        )
+        return _served(found, decision)
 
     async def _coalesce(
         self,
@@ -327,6 +341,19 @@ class Pipeline:
         run = LoopRun(events)
         self.turns.begin(policy.conversation, run)
         return _thought(run, decision, keeper)
+
+
+def _served(found: Hit, decision: Decision) -> Answer:
+    """The cached answer of a hit, and what the decision says of it."""
+    entry = found.entry
+    decision.engine = entry.model
+    decision.cache_entry = entry.id
+    decision.similarity = found.similarity
+    decision.cache_score = found.score
+    decision.cache_stage = _stage(found)
+    return Answer(
+        text=entry.response, finish_reason="stop", completion_tokens=entry.completion_tokens
+    )
 
 
 def _stage(hit: Hit) -> str:
