@@ -136,6 +136,9 @@ class MemoryStore:
     async def stats(self) -> StoreStats:
         return StoreStats(kind="memory", entries=len(self._entries))
 
+    def near_stats(self) -> None:
+        return None
+
 
 def _read_snapshot(path: Path) -> list[CacheEntry]:
     if not path.exists():

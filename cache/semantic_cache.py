@@ -28,6 +28,7 @@ import numpy as np
 from cache.calibration import NEVER
 from cache.entry import CacheEntry, Namespace, entry_id, pack_vector, unpack_vector
 from cache.guards import veto
+from cache.near import NearCacheStats
 from cache.settings import CacheSettings
 from cache.store import (
     CacheStore,
@@ -102,6 +103,7 @@ class NamespaceStats(msgspec.Struct, frozen=True):
 
 class CacheStats(msgspec.Struct, frozen=True, kw_only=True):
     store: StoreStats
+    near: NearCacheStats | None  # the Redis store's near cache
     indexed: int
     namespaces: list[NamespaceStats]
     counters: CacheCounters
@@ -424,6 +426,7 @@ class SemanticCache:
             store = StoreStats(kind="unavailable", entries=0, available=False)
         return CacheStats(
             store=store,
+            near=self.store.near_stats(),
             indexed=len(self._state.indexed),
             namespaces=[
                 NamespaceStats(ns, len(index)) for ns, index in self._state.indexes.items()

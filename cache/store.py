@@ -9,11 +9,14 @@ every process's index converges without a restart.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
 from cache.entry import CacheEntry
+
+if TYPE_CHECKING:
+    from cache.near import NearCacheStats
 
 
 def in_scope(namespace: str, selector: str) -> bool:
@@ -90,3 +93,8 @@ class CacheStore(Protocol):
         ...
 
     async def stats(self) -> StoreStats: ...
+
+    def near_stats(self) -> NearCacheStats | None:
+        """What the store holds in this process in front of a shared one; None when
+        it has no such near cache (the memory store is all near)."""
+        ...

@@ -110,6 +110,8 @@ def test_gateway_logs_json_with_request_ids(tmp_path: Path) -> None:
         refused = httpx.post(chat, json={"model": "small"}, timeout=60)
         forged = httpx.post(chat, json=body, headers={"x-request-id": "a" * 129}, timeout=60)
         missing = httpx.get(f"{url}/no/such/path", timeout=10)
+        forging = httpx.get(f"{url}/a%0A%7B%22level%22:%22ERROR%22%7D", timeout=10)
+        not_json = httpx.post(chat, content=b"{}", headers={"content-type": "text/plain"})
         streamed = {**body, "stream": True}
         with httpx.stream(
             "POST", chat, json=streamed, headers={"x-request-id": "stream-1"}, timeout=60
@@ -122,8 +124,9 @@ def test_gateway_logs_json_with_request_ids(tmp_path: Path) -> None:
     assert refused.status_code == 400 and refused.headers["x-request-id"]
     assert forged.headers["x-request-id"] != "a" * 129
     assert missing.status_code == 404 and missing.headers["x-request-id"]
-    ids = {r.headers["x-request-id"] for r in (given, made, refused, forged, missing)}
-    assert len(ids) == 5
+    answered = (given, made, refused, forged, missing, forging, not_json)
+    ids = {r.headers["x-request-id"] for r in answered}
+    assert len(ids) == 7
 
     # llama.cpp and progress bars write to stderr past Python's logging: skip them.
     text = log.read_text(errors="replace").splitlines()
@@ -142,3 +145,12 @@ def test_gateway_logs_json_with_request_ids(tmp_path: Path) -> None:
     assert len(ended) == 1 and ended[0]["status"] == 200
     # uvicorn's own lines go through the same JSON handler.
     assert any(line["logger"].startswith("uvicorn") for line in lines)
+    # One access line per request, whoever answered it (uvicorn's access log is off).
+    by_id = {rid: [line for line in access if line.get("request_id") == rid] for rid in ids}
+    assert all(len(found) == 1 for found in by_id.values()), by_id
+    assert not [line for line in lines if line["logger"] == "uvicorn.access"]
+    (lost,) = by_id[missing.headers["x-request-id"]]
+    assert (lost["method"], lost["path"], lost["status"]) == ("GET", "/no/such/path", 404)
+    (forged_line,) = by_id[forging.headers["x-request-id"]]
+    assert forged_line["path"] == "/a%0A%7B%22level%22:%22ERROR%22%7D"  # as sent, not decoded
+    assert by_id[not_json.headers["x-request-id"]][0]["status"] == 415

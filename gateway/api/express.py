@@ -128,6 +128,7 @@ class ExpressHits:
                 return False
         assert runtime.cache is not None
         runtime.cache.note_exact_hit()
+        runtime.metrics.express_hits.inc()
         rendered = await self._rendering(outcome, found.hit, chat.stream, chat.include_usage)
         content = rendered.body.fill(render.completion_id(), int(time.time()))
         headers = [*rendered.headers, (b"content-length", str(len(content)).encode())]

@@ -73,6 +73,7 @@ def _serve(args: argparse.Namespace) -> int:
             log_config=None,  # configure_logging's handler serves uvicorn's loggers too
             timeout_graceful_shutdown=30,
             timeout_keep_alive=settings.keep_alive_timeout_s,
+            access_log=False,  # one access line per request, gateway.ops.logs' own
             # uvicorn has no read timeouts of its own (gateway/api/timeouts.py).
             http=guarded_protocol(limits, app.state.runtime.metrics.connection_refused),
         )

@@ -1,5 +1,5 @@
 """Logging: one request id per HTTP request, on its response and on its log records,
-and the text or JSON line each record becomes.
+one access line per request, and the text or JSON line each record becomes.
 
 The id lives in a ContextVar: each request runs in its own task, so a record logged
 anywhere on the request's way (a stream's last chunk included) finds its id.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 import uuid
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -29,6 +30,16 @@ ACCESS_LOGGER = "satisfice.access"
 MAX_REQUEST_ID = 128
 
 request_id: ContextVar[str | None] = ContextVar("request_id", default=None)
+
+
+class _Written:
+    """Whether the request's access line is written; shared by every context the
+    request's work runs in (a task it starts has a copy of its context)."""
+
+    line = False
+
+
+_access: ContextVar[_Written | None] = ContextVar("access", default=None)
 
 # What every LogRecord has; anything else on a record came from `extra={...}`
 # (uvicorn's color_message repeats the message with terminal colours).
@@ -56,7 +67,10 @@ def new_request_id() -> str:
 
 class RequestIds:
     """ASGI middleware: the request's id, from its `x-request-id` or made here, set
-    for its task and sent back on whatever response it gets, errors included."""
+    for its task and sent back on whatever response it gets, errors included; and the
+    access line of every request whose handler wrote none (a chat completion's says
+    what was decided). uvicorn's own access log is off: a second line for every request
+    cost as much as answering an exact hit from the cache."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -71,18 +85,37 @@ class RequestIds:
         )
         rid = given if given is not None and valid_request_id(given) else new_request_id()
         header = (REQUEST_ID_HEADER.encode(), rid.encode())
+        started, status = time.monotonic(), 0
 
         async def send_with_id(message: Message) -> None:
+            nonlocal status
             if message["type"] == "http.response.start":
+                status = message["status"]
                 headers = [h for h in message.get("headers", ()) if h[0].lower() != header[0]]
                 message = {**message, "headers": [*headers, header]}
             await send(message)
 
-        token = request_id.set(rid)
+        written = _Written()
+        token, access = request_id.set(rid), _access.set(written)
         try:
             await self.app(scope, receive, send_with_id)
         finally:
+            if not written.line:
+                http_access(scope["method"], _path(scope), status, time.monotonic() - started)
+            _access.reset(access)
             request_id.reset(token)
+
+
+# The longest request path an access line quotes.
+MAX_LOGGED_PATH = 256
+
+
+def _path(scope: Scope) -> str:
+    """The path as the request line had it: not percent-decoded, so it cannot hold a
+    line break to forge log lines with; cut short if long."""
+    raw = scope.get("raw_path") or scope["path"].encode()
+    path = raw.decode("latin-1")
+    return path if len(path) <= MAX_LOGGED_PATH else path[:MAX_LOGGED_PATH] + "..."
 
 
 class RequestIdFilter(logging.Filter):
@@ -147,6 +180,27 @@ def configure_logging(settings: ServerSettings, level: int = logging.INFO) -> No
         logger.propagate = True
 
 
+def _line(message: str, args: tuple[object, ...], fields: dict[str, object]) -> None:
+    """An INFO line on the access logger, made without looking up the caller's file and
+    line (which logging would, at a third of the line's cost, for nothing here)."""
+    logger = logging.getLogger(ACCESS_LOGGER)
+    if logger.isEnabledFor(logging.INFO):
+        record = logger.makeRecord(ACCESS_LOGGER, logging.INFO, "", 0, message, args, None,
+                                   extra=fields)  # fmt: skip
+        logger.handle(record)
+
+
+def http_access(method: str, path: str, status: int, seconds: float) -> None:
+    """The access line of a request other than a chat completion (0: no response began)."""
+    fields: dict[str, object] = {
+        "method": method,
+        "path": path,
+        "status": status,
+        "duration_ms": round(seconds * 1000, 3),
+    }
+    _line("%s %s %s in %.1f ms", (method, path, status, seconds * 1000), fields)
+
+
 def access(decision: Decision, status: int, seconds: float, key: str | None) -> None:
     """The access line of one chat completion: what answered and how, never the text.
     ``key`` is the API key's name in the config, never the key."""
@@ -172,6 +226,7 @@ def access(decision: Decision, status: int, seconds: float, key: str | None) -> 
     if decision.loop is not None:
         fields["stop"] = decision.loop.stop
         fields["fallback"] = decision.loop.fallback
-    logging.getLogger(ACCESS_LOGGER).info(
-        "chat completion %s %s in %.1f ms", decision.route, status, seconds * 1000, extra=fields
-    )
+    _line("chat completion %s %s in %.1f ms", (decision.route, status, seconds * 1000), fields)
+    written = _access.get()
+    if written is not None:
+        written.line = True

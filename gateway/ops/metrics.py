@@ -60,6 +60,12 @@ class Metrics:
             buckets=_SECONDS,
             registry=registry,
         )
+        self.express_hits = Counter(
+            "satisfice_express_hits",
+            "Exact hits answered before the web framework (server.express_hits); the rest "
+            'of satisfice_cache_hits_total{path="exact"} took the framework\'s path',
+            registry=registry,
+        )
         self.sla_misses = Counter(
             "satisfice_sla_misses",
             "Chat completions that ended after their deadline, or answered 504 deadline_exceeded",
@@ -336,3 +342,33 @@ class _Collected(Collector):
             "Cache store calls that failed because the store was unavailable",
             value=counters.store_unavailable,
         )
+        yield from _near_metrics(cache)
+
+
+def _near_metrics(cache: SemanticCache) -> Iterator[Metric]:
+    """The Redis store's near cache (all 0 for a store without one)."""
+    near = cache.store.near_stats()
+    yield GaugeMetricFamily(
+        "satisfice_cache_near_bytes",
+        "Bytes of Redis entries this process holds in its near cache (estimated: text, "
+        "vector and a fixed overhead per entry), against its near_cache_bytes bound",
+        value=0 if near is None else near.bytes,
+    )
+    yield GaugeMetricFamily(
+        "satisfice_cache_near_entries",
+        "Redis entries this process holds in its near cache",
+        value=0 if near is None else near.entries,
+    )
+    lookups = CounterMetricFamily(
+        "satisfice_cache_near_lookups",
+        "Store reads the near cache answered (hit) or passed on to Redis (miss)",
+        labels=["result"],
+    )
+    lookups.add_metric(["hit"], 0 if near is None else near.hits)
+    lookups.add_metric(["miss"], 0 if near is None else near.misses)
+    yield lookups
+    yield CounterMetricFamily(
+        "satisfice_cache_near_evictions",
+        "Entries the near cache let go to stay within its bound",
+        value=0 if near is None else near.evictions,
+    )
