@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import time
@@ -33,9 +34,15 @@ class Namespace(msgspec.Struct, frozen=True, kw_only=True):
     def key(self) -> str:
         """``tenant:model:<hash of the rest>``: readable where an operator selects by
         it ("drop tenant acme's entries"), hashed where it only needs to differ."""
-        rest = (self.context, self.embedding, self.sampling)
-        digest = hashlib.sha256("\x1f".join(rest).encode()).hexdigest()[:16]
-        return f"{self.tenant}:{self.model}:{digest}"
+        return _namespace_key(self.tenant, self.model, self.context, self.embedding, self.sampling)
+
+
+# A pure function of its arguments, remembered: every request of a namespace (a tenant's
+# model, system prompt and sampling) needs its key, twice or more.
+@functools.lru_cache(maxsize=4096)
+def _namespace_key(tenant: str, model: str, context: str, embedding: str, sampling: str) -> str:
+    digest = hashlib.sha256("\x1f".join((context, embedding, sampling)).encode()).hexdigest()
+    return f"{tenant}:{model}:{digest[:16]}"
 
 
 def normalise(prompt: str) -> str:

@@ -4,7 +4,6 @@ event as a server-sent chunk the moment it comes. The one place either is writte
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -33,6 +32,7 @@ from gateway.api.wire import (
     Usage,
     encode_sse,
 )
+from gateway.ops.ids import RandomHex
 from gateway.pipeline.outcome import Decision, Finished, Outcome, Reasoning, Refused, TextDelta
 
 
@@ -46,9 +46,12 @@ class Reply(msgspec.Struct, frozen=True, kw_only=True):
     trace: bool  # the decision trace in a plain answer's body
 
 
+_random_hex = RandomHex()
+
+
 def completion_id() -> str:
     """OpenAI's form: "chatcmpl-" and 32 hex digits, random."""
-    return "chatcmpl-" + os.urandom(16).hex()
+    return "chatcmpl-" + _random_hex()
 
 
 # Stand-ins for a response's id and time while a template is rendered: any value would

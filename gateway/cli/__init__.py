@@ -34,7 +34,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.api.app import create_app
-    from gateway.api.timeouts import ReadLimits, guarded_protocol
+    from gateway.api.server import server_config
 
     def adjust(config: GatewayConfig) -> GatewayConfig:
         """The command line's host and port over the file's, on each (re)load."""
@@ -57,27 +57,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     path = None if args.config is None else Path(args.config)
     app = create_app(config, path, adjust, on_start_failure=stop)
-    settings = config.server
-    limits = ReadLimits(
-        header_s=settings.header_timeout_s,
-        body_s=settings.body_timeout_s,
-        body_min_rate=settings.body_min_rate,
-        max_header_bytes=settings.max_header_bytes,
-    )
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=settings.host,
-            port=settings.port,
-            log_level="info",
-            log_config=None,  # configure_logging's handler serves uvicorn's loggers too
-            timeout_graceful_shutdown=30,
-            timeout_keep_alive=settings.keep_alive_timeout_s,
-            access_log=False,  # one access line per request, gateway.ops.logs' own
-            # uvicorn has no read timeouts of its own (gateway/api/timeouts.py).
-            http=guarded_protocol(limits, app.state.runtime.metrics.connection_refused),
-        )
-    )
+    refused = app.state.runtime.metrics.connection_refused
+    server = uvicorn.Server(server_config(app, config.server, refused))
     server.run()
     if failures:
         print(f"error: the gateway could not start: {failures[0]}", file=sys.stderr)

@@ -32,6 +32,7 @@ _RESTART_ONLY: dict[str, Callable[[GatewayConfig], Any]] = {
     "server.port": lambda c: c.server.port,
     "server.max_body_bytes": lambda c: c.server.max_body_bytes,
     "server.log_format": lambda c: c.server.log_format,
+    "server.access_log": lambda c: c.server.access_log,
     "server.watch_interval_s": lambda c: c.server.watch_interval_s,
     "server.header_timeout_s": lambda c: c.server.header_timeout_s,
     "server.body_timeout_s": lambda c: c.server.body_timeout_s,

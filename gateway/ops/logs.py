@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import sys
 import time
-import uuid
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
@@ -19,6 +18,7 @@ import msgspec
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.ops.ids import RandomHex
 from gateway.pipeline.outcome import NO_ROUTE, Decision
 
 if TYPE_CHECKING:
@@ -61,8 +61,7 @@ def valid_request_id(value: str | None) -> bool:
     )
 
 
-def new_request_id() -> str:
-    return uuid.uuid4().hex
+new_request_id = RandomHex()
 
 
 class RequestIds:
@@ -174,6 +173,9 @@ def configure_logging(settings: ServerSettings, level: int = logging.INFO) -> No
         root.removeHandler(old)
     root.addHandler(handler(settings.log_format))
     root.setLevel(level)
+    logging.getLogger(ACCESS_LOGGER).setLevel(level if settings.access_log else logging.WARNING)
+    # No format here shows a record's thread or process: not looked up for each one.
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logger = logging.getLogger(name)
         logger.handlers.clear()
