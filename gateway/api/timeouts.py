@@ -67,6 +67,53 @@ def _refusal(status: int, reason: str, message: str, code: str) -> bytes:
     return head.encode() + body
 
 
+class _Corked:
+    """A transport whose writes within one turn of the event loop leave in one system
+    call: uvicorn writes a response's status line and headers, then its body, each at
+    once, two sends per response where one does (and the headers may leave alone in
+    a packet of their own). What is held goes at the end of the turn, or before the
+    transport is closed; everything else is the transport's own."""
+
+    def __init__(self, transport: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: list[bytes] = []
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not self._held:
+            self._loop.call_soon(self._flush)
+        self._held.append(bytes(data))
+
+    def writelines(self, chunks: Any) -> None:
+        for chunk in chunks:
+            self.write(chunk)
+
+    def _flush(self) -> None:
+        if self._held:
+            data = b"".join(self._held)
+            self._held.clear()
+            if not self._transport.is_closing():
+                self._transport.write(data)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def write_eof(self) -> None:
+        self._flush()
+        self._transport.write_eof()
+
+    def abort(self) -> None:
+        self._held.clear()
+        self._transport.abort()
+
+    def get_write_buffer_size(self) -> int:
+        return int(self._transport.get_write_buffer_size()) + sum(map(len, self._held))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class _Guarded(HttpToolsProtocol):
     limits: ReadLimits
     refused: Callable[[Phase], None]  # set on the class, so not a method
@@ -89,7 +136,8 @@ class _Guarded(HttpToolsProtocol):
     # -- the connection ---------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)  # type: ignore[arg-type]
+        # uvloop's transports are asyncio's in all but their class.
+        super().connection_made(_Corked(transport, self.loop))  # type: ignore[arg-type]
         # Nothing is armed before a connection's first request: its headers' clock
         # starts now, so that a connection that never sends a byte is closed too.
         self._arm_header()

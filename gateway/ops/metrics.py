@@ -142,9 +142,22 @@ class Metrics:
             self.semantic_hits.labels(tenant="default")
             self.false_hits.labels(tenant="default")
         registry.register(_Collected(engines, cache))
+        self._by_route: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
 
     def exchange(self) -> Exchange:
         return Exchange(self)
+
+    def by_route(self, route: str, status: int) -> tuple[Counter, Histogram]:
+        """The request counter and latency histogram of a route and status, looked up
+        once: the label lookup costs more than the count (routes and statuses are few:
+        the tiers, the cache's paths, the statuses the API answers)."""
+        children = self._by_route.get((route, status))
+        if children is None:
+            children = self._by_route[(route, status)] = (
+                self.requests.labels(route=route, status=str(status)),
+                self.seconds.labels(route=route),
+            )
+        return children
 
     def refused(self, status: int) -> None:
         """A chat request that ended before the handler ran (its key, its headers or its
@@ -186,8 +199,9 @@ class Exchange:
         now, metrics = time.monotonic(), self._metrics
         seconds = now - self._started
         route = NO_ROUTE if decision is None else decision.route
-        metrics.requests.labels(route=route, status=str(status)).inc()
-        metrics.seconds.labels(route=route).observe(seconds)
+        requests, timed = metrics.by_route(route, status)
+        requests.inc()
+        timed.observe(seconds)
         if decision is None:
             return seconds
         if decision.cache == "semantic" and status == 200 and metrics.semantic_hits is not None:
