@@ -225,31 +225,38 @@ def wrk_script(bodies: list[bytes], path: Path) -> Path:
     return path
 
 
-def load(server: Server, script: Path, clients: int, seconds: int) -> Run:
-    before_cpu = server.cpu_s()
+def load(target: list[Server], script: Path, clients: int, seconds: int) -> Run:
+    """One wrk per server of ``target`` (replicas: the clients split between them), all
+    at once; their requests and CPU summed, their latencies averaged."""
+    before_cpu = sum(server.cpu_s() for server in target)
     before_children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    done = subprocess.run(
-        ["wrk", "-t1", f"-c{clients}", f"-d{seconds}s", "--timeout", "10s", "-s", str(script),
-         server.url + CHAT],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+    share = max(1, clients // len(target))
+    command = ["wrk", "-t1", f"-c{share}", f"-d{seconds}s", "--timeout", "10s", "-s", str(script)]
+    runs = [
+        subprocess.Popen([*command, server.url + CHAT], stdout=subprocess.PIPE, text=True)
+        for server in target
+    ]
+    results = []
+    for run in runs:
+        out, _ = run.communicate()
+        line = next(x for x in out.splitlines() if x.startswith("RESULT "))
+        results.append(json.loads(line.removeprefix("RESULT ")))
     after_children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    server_cpu = server.cpu_s() - before_cpu
-    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
-    result = json.loads(line.removeprefix("RESULT "))
+    server_cpu = sum(server.cpu_s() for server in target) - before_cpu
     wrk_cpu = (after_children.ru_utime - before_children.ru_utime) + (
         after_children.ru_stime - before_children.ru_stime
     )
-    seconds_run = result["duration_us"] / 1e6
+    seconds_run = max(r["duration_us"] for r in results) / 1e6
+    requests = sum(r["requests"] for r in results)
     return {
-        "requests": result["requests"],
-        "per_s": result["requests"] / seconds_run,
-        "non_2xx": result["non_2xx"],
-        "socket_errors": result["socket_errors"],
-        "p50_ms": result["p50_us"] / 1000,
-        "p90_ms": result["p90_us"] / 1000,
-        "p99_ms": result["p99_us"] / 1000,
-        "server_cpu_ms_per_request": 1000 * server_cpu / max(1, result["requests"]),
+        "requests": requests,
+        "per_s": requests / seconds_run,
+        "non_2xx": sum(r["non_2xx"] for r in results),
+        "socket_errors": sum(r["socket_errors"] for r in results),
+        "p50_ms": statistics.mean(r["p50_us"] for r in results) / 1000,
+        "p90_ms": statistics.mean(r["p90_us"] for r in results) / 1000,
+        "p99_ms": statistics.mean(r["p99_us"] for r in results) / 1000,
+        "server_cpu_ms_per_request": 1000 * server_cpu / max(1, requests),
         "wrk_cpu_share": wrk_cpu / seconds_run,
     }
 
@@ -314,68 +321,87 @@ def hit_response(server: Server, body: bytes) -> tuple[bytes, dict[str, str]]:
 def exact_hits(args: argparse.Namespace, work: Path, report: dict[str, Any]) -> None:
     prompts = questions(args.prompts)
     prefix = f"bench-hit-path-{uuid.uuid4().hex[:8]}"
+    near = redis_cache(prefix)
     gateways = {
-        "memory, express": gateway("memory-express", "{}", work),
-        "memory, framework path": gateway("memory-framework", "{}", work, express=False),
-        "redis + near cache, express": gateway("redis-near", redis_cache(prefix), work),
-        "redis, no near cache": gateway("redis-plain", redis_cache(prefix, 0), work),
+        "memory, express": [gateway("memory-express", "{}", work)],
+        "memory, framework path": [gateway("memory-framework", "{}", work, express=False)],
+        "redis + near cache, express": [gateway("redis-near", near, work)],
+        "redis, no near cache": [gateway("redis-plain", redis_cache(prefix, 0), work)],
+        "redis + near cache, express, 2 replicas": [
+            gateway(f"redis-near-{i}", near, work) for i in range(2)
+        ],
     }
-    servers: dict[str, Server] = {}
+    targets: dict[str, list[Server]] = {}
     try:
-        for server in gateways.values():
-            server.wait()
+        for replicas in gateways.values():
+            for server in replicas:
+                server.wait()
         for name in ("memory, express", "memory, framework path", "redis + near cache, express"):
-            warm_gateway(gateways[name], prompts)  # the third warms Redis for the fourth
+            warm_gateway(gateways[name][0], prompts)  # the third warms Redis for the rest
         bodies = exact_bodies(prompts)
-        body, headers = hit_response(gateways["memory, express"], bodies[0])
+        body, headers = hit_response(gateways["memory, express"][0], bodies[0])
         (work / "body.json").write_bytes(body)
         (work / "headers.json").write_text(json.dumps(headers))
         for kind in ("raw", "litestar"):
-            port = free_port()
-            command = [sys.executable, __file__, "serve-ceiling", kind, str(port),
-                       str(work / "body.json"), str(work / "headers.json")]  # fmt: skip
-            servers[f"ceiling: {kind}"] = Server(kind, command, port, work / f"{kind}.log")
-        for server in servers.values():
-            server.wait("/")
-        servers.update(gateways)
+            targets[f"ceiling: {kind}"] = [ceiling(kind, work)]
+            targets[f"ceiling: {kind}, 2 processes"] = [ceiling(kind, work) for _ in range(2)]
+        for replicas in list(targets.values()):
+            for server in replicas:
+                server.wait("/")
+        targets.update(gateways)
         script = wrk_script(bodies, work / "exact.lua")
-        for server in servers.values():  # connections, caches and code warm
-            load(server, script, 4, 2)
-        report["exact"] = measure(servers, script, args)
-        report["exact"]["rss_mib"] = {name: rss_mib(s.process.pid) for name, s in servers.items()}
+        for target in targets.values():  # connections, caches and code warm
+            load(target, script, 4, 2)
+        report["exact"] = measure(targets, script, args)
+        report["exact"]["rss_mib"] = {
+            name: [rss_mib(s.process.pid) for s in target] for name, target in targets.items()
+        }
     finally:
-        for server in {**gateways, **servers}.values():
-            server.stop()
+        for target in {**gateways, **targets}.values():
+            for server in target:
+                server.stop()
         asyncio.run(drop(prefix))
 
 
-def measure(servers: dict[str, Server], script: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """Every server at one client and at ``args.clients``, in rotated rounds; figures
-    and ratios to both ceilings."""
+def ceiling(kind: str, work: Path) -> Server:
+    port = free_port()
+    command = [sys.executable, __file__, "serve-ceiling", kind, str(port),
+               str(work / "body.json"), str(work / "headers.json")]  # fmt: skip
+    return Server(f"{kind}-{port}", command, port, work / f"{kind}-{port}.log")
+
+
+def measure(
+    targets: dict[str, list[Server]], script: Path, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Every target at one client and at ``args.clients``, in rotated rounds; figures
+    and ratios to the ceilings of as many processes."""
     result: dict[str, Any] = {}
     for clients in (1, args.clients):
-        runs: dict[str, list[Run]] = {name: [] for name in servers}
-        for order in rotations(list(servers), args.rounds):
+        names = [n for n in targets if clients > 1 or len(targets[n]) == 1]
+        runs: dict[str, list[Run]] = {name: [] for name in names}
+        for order in rotations(names, args.rounds):
             for name in order:
-                run = load(servers[name], script, clients, args.duration)
+                run = load(targets[name], script, clients, args.duration)
                 runs[name].append(run)
                 print(f"{clients:>3} clients  {name:<30} {run['per_s']:>9.0f}/s  p50 "
                       f"{run['p50_ms']:6.2f} ms  cpu {run['server_cpu_ms_per_request']:.3f} "
                       f"ms/req  wrk {run['wrk_cpu_share']:.2f}", file=sys.stderr)  # fmt: skip
         figures = {}
-        for name in servers:
+        for name in names:
             figures[name] = summary(runs[name])
-            for ceiling in ("ceiling: raw", "ceiling: litestar"):
-                if ceiling in servers and name != ceiling:
-                    tag = ceiling.removeprefix("ceiling: ")
-                    figures[name][f"per_s_ratio_to_{tag}"] = ratios(runs, name, ceiling, "per_s")
-                    figures[name][f"cpu_ratio_to_{tag}"] = ratios(
-                        runs, name, ceiling, "server_cpu_ms_per_request", invert=True
-                    )
-                    figures[name][f"p50_excess_ms_over_{tag}"] = statistics.median(
-                        n["p50_ms"] - c["p50_ms"]
-                        for n, c in zip(runs[name], runs[ceiling], strict=True)
-                    )
+            if name.startswith("ceiling"):
+                continue
+            processes = "" if len(targets[name]) == 1 else f", {len(targets[name])} processes"
+            for kind in ("raw", "litestar"):
+                ceiling = f"ceiling: {kind}{processes}"
+                figures[name][f"per_s_ratio_to_{kind}"] = ratios(runs, name, ceiling, "per_s")
+                figures[name][f"cpu_ratio_to_{kind}"] = ratios(
+                    runs, name, ceiling, "server_cpu_ms_per_request", invert=True
+                )
+                figures[name][f"p50_excess_ms_over_{kind}"] = statistics.median(
+                    n["p50_ms"] - c["p50_ms"]
+                    for n, c in zip(runs[name], runs[ceiling], strict=True)
+                )
         result[f"{clients}_clients"] = figures
     return result
 
@@ -406,7 +432,7 @@ def semantic_hits(args: argparse.Namespace, work: Path, report: dict[str, Any]) 
             for q in asked
         ]
         script = wrk_script(bodies, work / "semantic.lua")
-        load(server, script, 4, 2)
+        load([server], script, 4, 2)
         embedder = Embedder(EmbedderSettings())
         embedder.load()
         embedder.encode(asked[:64])
@@ -414,7 +440,7 @@ def semantic_hits(args: argparse.Namespace, work: Path, report: dict[str, Any]) 
         for clients in (1, args.clients):
             runs, ceilings = [], []
             for _ in range(args.rounds):
-                runs.append(load(server, script, clients, args.duration))
+                runs.append(load([server], script, clients, args.duration))
                 if clients > 1:
                     ceilings.append(embedder_ceiling(embedder, asked, args.duration))
                 print(f"semantic {clients:>3} clients {runs[-1]['per_s']:8.1f}/s p50 "
