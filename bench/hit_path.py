@@ -426,7 +426,9 @@ def semantic_hits(args: argparse.Namespace, work: Path, report: dict[str, Any]) 
         server.wait()
         report["semantic_ready_s"] = time.monotonic() - started
         rng = random.Random(1)
-        asked = [reworded(p) for p in rng.sample(prompts, args.semantic_prompts)]
+        candidates = [reworded(p) for p in rng.sample(prompts, 2 * args.semantic_prompts)]
+        asked = semantic_hits_only(server, candidates)[: args.semantic_prompts]
+        report["semantic_prompts"] = {"probed": len(candidates), "hits": len(asked)}
         bodies = [
             msgspec.json.encode({"model": "small", "messages": [{"role": "user", "content": q}]})
             for q in asked
@@ -459,6 +461,20 @@ def semantic_hits(args: argparse.Namespace, work: Path, report: dict[str, Any]) 
     finally:
         server.stop()
         asyncio.run(drop(prefix))
+
+
+def semantic_hits_only(server: Server, prompts: list[str]) -> list[str]:
+    """The prompts the gateway answers with a semantic hit (the rest, which the guards or
+    the verifier turn down, would measure misses): a hit is not written back, so it is
+    a hit again."""
+    kept = []
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        for prompt in prompts:
+            body = {"model": "small", "messages": [{"role": "user", "content": prompt}]}
+            response = http.post(CHAT, json=body, headers=ONLY_CACHED)
+            if response.headers.get("x-satisfice-cache") == "semantic":
+                kept.append(prompt)
+    return kept
 
 
 def embedder_ceiling(embedder: Embedder, prompts: list[str], seconds: float) -> float:

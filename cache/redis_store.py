@@ -63,9 +63,15 @@ _PUT_CHUNK = 32
 
 T = TypeVar("T")
 
-# How long one XREAD waits for news before the follower checks the stream again;
-# the reader's socket timeout is this plus ``timeout_s``.
+# How long one XREAD waits for news before the follower checks the stream again.
 _BLOCK_S: Final = 1.0
+# How late the follower's replies may be before Redis counts as unavailable: well over
+# a request's timeout_s. A blocked XREAD's reply comes at the end of its block only as
+# closely as Redis's timer (hz) and a busy CPU allow; at 0.25 s of slack, replicas
+# under saturating load took a late reply for an outage, bypassed the cache for a
+# second and turned their near caches off. Requests still find a down Redis within
+# timeout_s, and the follower's own connection errors come at once.
+_FOLLOWER_TIMEOUT_S: Final = 5.0
 # Keys per SCAN round trip (and entries per pipelined HGETALL), events per XREAD.
 _BATCH: Final = 500
 _BULK_TIMEOUT_S: Final = 10.0
@@ -265,7 +271,7 @@ class RedisStore:
         # _BLOCK_S, which must neither hold a pooled connection requests need nor
         # trip their timeout. Two: the next read may start while a cancelled one is
         # still letting go.
-        reader = {**common, "max_connections": 2, "socket_timeout": _BLOCK_S + settings.timeout_s}
+        reader = {**common, "max_connections": 2, "socket_timeout": _BLOCK_S + _FOLLOWER_TIMEOUT_S}
         # Scans over every entry (an index rebuild, an invalidation, stats) move far more
         # than a request's lookup: on connections of their own, with a longer limit, so
         # a rebuild under load is neither cut short nor taken for an outage.
@@ -507,7 +513,7 @@ class RedisStore:
         reply = await self._call(
             lambda redis: self._xread(redis, position),
             reader=True,
-            timeout_s=_BLOCK_S + self.settings.timeout_s,
+            timeout_s=_BLOCK_S + _FOLLOWER_TIMEOUT_S,
         )
         events = [
             _Event(_StreamId.parse(event_id), fields or {})
@@ -628,7 +634,8 @@ class RedisStore:
         bulk: bool = False,
         timeout_s: float | None = None,
     ) -> T:
-        """One round trip, bounded by ``timeout_s`` (default: the settings'), behind the
+        """One round trip, bounded by ``timeout_s`` (default: the settings', and the
+        follower's own _FOLLOWER_TIMEOUT_S for ``reader`` calls), behind the
         breaker: while it is open, callers' calls are refused without touching the
         network; the follower's (``reader``: on its own connection) wait for it."""
         if not reader and self._closed.is_set():
@@ -636,7 +643,13 @@ class RedisStore:
             raise StoreUnavailable("the Redis store is closed")
         ticket = await self._admit(reader)
         try:
-            limit = timeout_s or (_BULK_TIMEOUT_S if bulk else self.settings.timeout_s)
+            limit = timeout_s or (
+                _BULK_TIMEOUT_S
+                if bulk
+                else _FOLLOWER_TIMEOUT_S
+                if reader
+                else self.settings.timeout_s
+            )
             client = self._reader if reader else self._bulk if bulk else self._redis
             async with asyncio.timeout(limit):
                 result = await op(client)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import time
 import uuid
@@ -353,6 +354,49 @@ def test_replicas_share_one_redis(tmp_path: Path) -> None:
         url_a, gateway_a = start_gateway(config, tmp_path)  # rebuilt from Redis at start
         answer, headers = ask(url_a, "Tell me the chemical symbol for gold.", stop=openai.omit)
         assert answer == "Au" and headers["x-satisfice-cache"] == "semantic"
+    finally:
+        stop(gateway_a)
+        stop(gateway_b)
+        drop_keys(prefix)
+
+
+# Slow: two gateway starts; the default run tests the near cache's coherence on real
+# Redis replicas of the store (test_near_cache) and the express path (test_express).
+@pytest.mark.slow
+def test_a_replicas_invalidation_reaches_the_other_ones_near_cache(tmp_path: Path) -> None:
+    """Replica b answers an exact hit from its near cache, without Redis; replica a
+    invalidates it; b stops serving it within the change stream's delivery (well under
+    a second: XREAD returns as soon as a change arrives), as its index always did."""
+    prefix = f"satisfice-near-{uuid.uuid4().hex[:8]}"
+    config = cache_gateway_config("redis://127.0.0.1:6379/0", prefix)
+    url_a, gateway_a = start_gateway(config, tmp_path)
+    url_b, gateway_b = start_gateway(config, tmp_path)
+    try:
+        faq = json.dumps({"prompt": "What is the chemical symbol for gold?",
+                          "response": "Au", "model": "small"})  # fmt: skip
+        with admin(url_a) as http:
+            assert http.post("/admin/cache/warmup", content=faq.encode()).json()["added"] == 1
+        only_cached = {"cache-control": "only-if-cached"}
+
+        def served_by_b() -> bool:
+            try:
+                ask(url_b, "what is the chemical symbol for gold", stop=openai.omit,
+                    extra_headers=only_cached)  # fmt: skip
+            except openai.APIStatusError as miss:
+                assert miss.status_code == 504
+                return False
+            return True
+
+        assert eventually(served_by_b)
+        assert served_by_b()  # now from b's near cache
+        with httpx.Client(base_url=url_b) as http:
+            near = http.get("/metrics").text
+        assert re.search(r'^satisfice_cache_near_lookups_total\{result="hit"\} [1-9]', near, re.M)
+        with admin(url_a) as http:
+            assert http.post("/admin/cache/invalidate", json={"all": True}).json()["deleted"] == 1
+        invalidated = time.monotonic()
+        assert eventually(lambda: not served_by_b(), within_s=1.0)
+        print(f"b stopped serving the entry {time.monotonic() - invalidated:.3f} s after a")
     finally:
         stop(gateway_a)
         stop(gateway_b)
