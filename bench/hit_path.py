@@ -162,12 +162,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def gateway(name: str, cache: str, work: Path, *, express: bool = True) -> Server:
+def gateway(
+    name: str,
+    cache: str,
+    work: Path,
+    *,
+    express: bool = True,
+    runtime: str = "onnx",
+    access_log: bool = True,
+) -> Server:
     config = work / f"{name}.yaml"
+    server = f"admin_key: {ADMIN_KEY}, express_hits: {str(express).lower()}"
     config.write_text(
-        f"server: {{admin_key: {ADMIN_KEY}, express_hits: {str(express).lower()}}}\n"
+        f"server: {{{server}, access_log: {str(access_log).lower()}}}\n"
         "engines:\n  small: {backend: llama_cpp, model: smollm2-135m-instruct}\n"
-        f"cache: {cache}\n"
+        f"cache: {cache}\nembedder: {{runtime: {runtime}}}\n"
     )
     port = free_port()
     command = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)]
@@ -327,6 +336,9 @@ def exact_hits(args: argparse.Namespace, work: Path, report: dict[str, Any]) -> 
         "memory, framework path": [gateway("memory-framework", "{}", work, express=False)],
         "redis + near cache, express": [gateway("redis-near", near, work)],
         "redis, no near cache": [gateway("redis-plain", redis_cache(prefix, 0), work)],
+        "redis + near cache, express, no access log": [
+            gateway("redis-near-quiet", near, work, access_log=False)
+        ],
         "redis + near cache, express, 2 replicas": [
             gateway(f"redis-near-{i}", near, work) for i in range(2)
         ],
@@ -420,7 +432,7 @@ def semantic_hits(args: argparse.Namespace, work: Path, report: dict[str, Any]) 
     prefix = f"bench-semantic-{uuid.uuid4().hex[:8]}"
     vectors = embeddings(prompts, ROOT / "bench" / "out" / f"qqp_{len(prompts)}_vectors.npy")
     asyncio.run(warm_redis(prompts, vectors, prefix))
-    server = gateway("semantic", redis_cache(prefix), work)
+    server = gateway("semantic", redis_cache(prefix), work, runtime=args.embedder_runtime)
     try:
         started = time.monotonic()
         server.wait()
@@ -435,7 +447,7 @@ def semantic_hits(args: argparse.Namespace, work: Path, report: dict[str, Any]) 
         ]
         script = wrk_script(bodies, work / "semantic.lua")
         load([server], script, 4, 2)
-        embedder = Embedder(EmbedderSettings())
+        embedder = Embedder(EmbedderSettings(runtime=args.embedder_runtime))
         embedder.load()
         embedder.encode(asked[:64])
         result: dict[str, Any] = {}
@@ -503,6 +515,38 @@ async def warm_redis(prompts: list[str], vectors: Vectors, prefix: str) -> None:
     await cache.close()
 
 
+# -- the plot ----------------------------------------------------------------------------
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    """Exact hits per second at saturation and p50 at one client, each target beside the
+    ceilings (grey)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    exact = report["exact"]
+    fig, (left, right) = plt.subplots(2, 1, figsize=(9, 8), height_ratios=(3, 2))
+    for axis, level, key, label in (
+        (left, "32_clients", "per_s", "exact hits per second, 32 clients"),
+        (right, "1_clients", "p50_ms", "p50 ms, one client"),
+    ):
+        figures = exact[level]
+        names = list(figures)[::-1]
+        values = [figures[n][key] for n in names]
+        colours = ["0.7" if n.startswith("ceiling") else "tab:blue" for n in names]
+        axis.barh(names, values, color=colours)
+        for y, value in enumerate(values):
+            axis.text(value, y, f" {value:,.0f}" if key == "per_s" else f" {value:.2f}",
+                      va="center", fontsize=8)  # fmt: skip
+        axis.set_xlabel(label)
+        axis.set_xlim(0, max(values) * 1.18)
+    fig.suptitle("The hit path on 2 cores, medians of rotated rounds (bench/hit_path.py)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 # -- main --------------------------------------------------------------------------------
 
 
@@ -519,9 +563,18 @@ def main() -> None:
     parser.add_argument("--semantic", action="store_true", help="semantic hits too")
     parser.add_argument("--no-exact", action="store_true")
     parser.add_argument("--entries", type=int, default=100_000)
-    parser.add_argument("--semantic-prompts", type=int, default=4000)
+    parser.add_argument("--semantic-prompts", type=int, default=2000)
+    parser.add_argument(
+        "--embedder-runtime", choices=("onnx", "onnx-int8", "torch"), default="onnx"
+    )
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--plot", type=Path, help="a PNG of the exact-hit figures")
+    parser.add_argument("--from-json", type=Path, help="plot this report; measure nothing")
     args = parser.parse_args()
+    if args.from_json is not None:
+        if args.plot is not None:
+            plot(json.loads(args.from_json.read_text()), args.plot)
+        return
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed: apt-get install wrk")
     report: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
@@ -535,6 +588,8 @@ def main() -> None:
     print(text)
     if args.json:
         args.json.write_text(text)
+    if args.plot is not None and "exact" in report:
+        plot(report, args.plot)
 
 
 if __name__ == "__main__":
