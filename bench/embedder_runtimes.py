@@ -85,7 +85,9 @@ def satisfice_json(args: list[str]) -> Any:
     )
     if done.returncode != 0:
         raise RuntimeError(f"satisfice {' '.join(args)} failed: {done.stderr[-2000:]}")
-    return json.loads(done.stdout)
+    # One JSON object per line: `router eval` writes one per scorer.
+    reports = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    return reports[0] if len(reports) == 1 else reports
 
 
 def figures(runtime: str, work: Path) -> dict[str, Any]:

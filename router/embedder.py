@@ -45,9 +45,10 @@ class EmbedderSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, 
     # CPU threads the embedding model may use (intra-op threads).
     threads: Annotated[int, msgspec.Meta(ge=1)] = 1
     # What computes the embeddings. onnx: the model's own weights exported once to an
-    # ONNX graph (into models_dir) and run by onnxruntime, the same vectors as torch's
-    # at a third of the time per query; onnx-int8: its weights quantized, faster again,
-    # vectors within about 0.99 cosine; torch: sentence-transformers.
+    # ONNX graph (into models_dir) and run by onnxruntime: the same vectors as torch's,
+    # in less than half the time per query; onnx-int8: its weights quantized, faster
+    # again, its vectors 0.99 cosine from torch's on Quora questions (0.98 on a word or
+    # two); torch: sentence-transformers.
     runtime: Literal["onnx", "onnx-int8", "torch"] = "onnx"
     # Prompts that may wait while a batch is embedded; one more is refused at once
     # (the API answers 429 with Retry-After) instead of waiting without bound when

@@ -170,11 +170,11 @@ class JSONFormatter(logging.Formatter):
 
 
 class BatchedStderr(logging.StreamHandler):  # type: ignore[type-arg]
-    """stderr, written a batch of lines at a time: at a line per request, a system call
-    per line cost a tenth of an exact hit. A warning or worse goes out at once with
-    what came before it; other lines within ``interval_s`` (from a thread of the
-    handler's own) or once ``max_bytes`` wait, and at exit (logging's own shutdown
-    flushes every handler). A process killed outright loses at most that much."""
+    """stderr, its access lines written a batch at a time: at a line per request, a
+    system call per line cost a tenth of an exact hit. Access lines go out within
+    ``interval_s`` (from a thread of the handler's own), once ``max_bytes`` wait, with
+    any other line (which goes at once, after them), and at exit (logging's shutdown
+    flushes every handler); a process killed outright loses at most that much."""
 
     def __init__(self, interval_s: float = 0.1, max_bytes: int = 64 * 1024) -> None:
         super().__init__(sys.stderr)
@@ -194,7 +194,8 @@ class BatchedStderr(logging.StreamHandler):  # type: ignore[type-arg]
             return
         self._pending.append(line)
         self._bytes += len(line)
-        if record.levelno >= logging.WARNING or self._bytes >= self._max_bytes:
+        batched = record.name == ACCESS_LOGGER and record.levelno < logging.WARNING
+        if not batched or self._bytes >= self._max_bytes:
             self.flush()
 
     def flush(self) -> None:
