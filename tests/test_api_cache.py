@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import subprocess
@@ -317,47 +318,66 @@ def eventually(check: Callable[[], bool], within_s: float = 1.0) -> bool:
 
 # Slow: three gateway starts; the default run keeps Redis behind one gateway
 # (cached_url) and replicas following the change stream (test_redis_store).
+GOLD = json.dumps(
+    {"prompt": "What is the chemical symbol for gold?", "response": "Au", "model": "small"}
+).encode()
+
+
+@contextlib.contextmanager
+def two_replicas(tmp_path: Path) -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
+    """Two gateways on one Redis (a fresh key prefix), gold's symbol warmed through
+    the first: the config, and both processes (a test may replace one)."""
+    prefix = f"satisfice-replicas-{uuid.uuid4().hex[:8]}"
+    config = cache_gateway_config("redis://127.0.0.1:6379/0", prefix)
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        for _ in range(2):
+            processes.append(start_gateway(config, tmp_path)[1])
+        with admin(url_of(processes[0])) as http:
+            assert http.post("/admin/cache/warmup", content=GOLD).json()["added"] == 1
+        yield config, processes
+    finally:
+        for process in processes:
+            stop(process)
+        drop_keys(prefix)
+
+
+def url_of(process: subprocess.Popen[bytes]) -> str:
+    assert isinstance(process.args, list)
+    args = [str(arg) for arg in process.args]
+    return f"http://127.0.0.1:{args[args.index('--port') + 1]}"
+
+
 @pytest.mark.slow
 def test_replicas_share_one_redis(tmp_path: Path) -> None:
     """Two gateways on one Redis: what one learns the other serves, semantically
     too (its index follows the change stream), and a restarted one rebuilds."""
-    prefix = f"satisfice-replicas-{uuid.uuid4().hex[:8]}"
-    config = cache_gateway_config("redis://127.0.0.1:6379/0", prefix)
-    url_a, gateway_a = start_gateway(config, tmp_path)
-    url_b, gateway_b = start_gateway(config, tmp_path)
-    try:
-        faq = json.dumps({"prompt": "What is the chemical symbol for gold?",
-                          "response": "Au", "model": "small"})  # fmt: skip
-        with admin(url_a) as http:
-            assert http.post("/admin/cache/warmup", content=faq.encode()).json()["added"] == 1
+    with two_replicas(tmp_path) as (config, gateways):
+        url_a, url_b = url_of(gateways[0]), url_of(gateways[1])
 
         def served_by_b(prompt: str, source: str) -> Callable[[], bool]:
             return lambda: ask(url_b, prompt, stop=openai.omit)[1]["x-satisfice-cache"] == source
 
         assert eventually(served_by_b("what is the chemical symbol for gold", "exact"))
-        assert eventually(served_by_b("Tell me the chemical symbol for gold.", "semantic"))
+        assert eventually(served_by_b("What is gold's chemical symbol?", "semantic"))
 
         with admin(url_b) as http:
             assert http.post("/admin/cache/invalidate", json={"all": True}).json()["deleted"] == 1
         no_store = {"x-satisfice-cache": "no-store"}  # keep the engine's answer out
 
         def missed_by_a() -> bool:
-            asked = ask(url_a, "Tell me the chemical symbol for gold.", stop=openai.omit,
+            asked = ask(url_a, "What is gold's chemical symbol?", stop=openai.omit,
                         extra_headers=no_store)  # fmt: skip
             return asked[1]["x-satisfice-cache"] == "miss"
 
         assert eventually(missed_by_a)
 
         with admin(url_b) as http:
-            http.post("/admin/cache/warmup", content=faq.encode())
-        stop(gateway_a)
-        url_a, gateway_a = start_gateway(config, tmp_path)  # rebuilt from Redis at start
-        answer, headers = ask(url_a, "Tell me the chemical symbol for gold.", stop=openai.omit)
+            http.post("/admin/cache/warmup", content=GOLD)
+        stop(gateways[0])
+        url_a, gateways[0] = start_gateway(config, tmp_path)  # rebuilt from Redis at start
+        answer, headers = ask(url_a, "What is gold's chemical symbol?", stop=openai.omit)
         assert answer == "Au" and headers["x-satisfice-cache"] == "semantic"
-    finally:
-        stop(gateway_a)
-        stop(gateway_b)
-        drop_keys(prefix)
 
 
 # Slow: two gateway starts; the default run tests the near cache's coherence on real
@@ -367,15 +387,8 @@ def test_a_replicas_invalidation_reaches_the_other_ones_near_cache(tmp_path: Pat
     """Replica b answers an exact hit from its near cache, without Redis; replica a
     invalidates it; b stops serving it within the change stream's delivery (well under
     a second: XREAD returns as soon as a change arrives), as its index always did."""
-    prefix = f"satisfice-near-{uuid.uuid4().hex[:8]}"
-    config = cache_gateway_config("redis://127.0.0.1:6379/0", prefix)
-    url_a, gateway_a = start_gateway(config, tmp_path)
-    url_b, gateway_b = start_gateway(config, tmp_path)
-    try:
-        faq = json.dumps({"prompt": "What is the chemical symbol for gold?",
-                          "response": "Au", "model": "small"})  # fmt: skip
-        with admin(url_a) as http:
-            assert http.post("/admin/cache/warmup", content=faq.encode()).json()["added"] == 1
+    with two_replicas(tmp_path) as (_, gateways):
+        url_a, url_b = url_of(gateways[0]), url_of(gateways[1])
         only_cached = {"cache-control": "only-if-cached"}
 
         def served_by_b() -> bool:
@@ -389,15 +402,10 @@ def test_a_replicas_invalidation_reaches_the_other_ones_near_cache(tmp_path: Pat
 
         assert eventually(served_by_b)
         assert served_by_b()  # now from b's near cache
-        with httpx.Client(base_url=url_b) as http:
-            near = http.get("/metrics").text
+        near = httpx.get(f"{url_b}/metrics").text
         assert re.search(r'^satisfice_cache_near_lookups_total\{result="hit"\} [1-9]', near, re.M)
         with admin(url_a) as http:
             assert http.post("/admin/cache/invalidate", json={"all": True}).json()["deleted"] == 1
         invalidated = time.monotonic()
         assert eventually(lambda: not served_by_b(), within_s=1.0)
         print(f"b stopped serving the entry {time.monotonic() - invalidated:.3f} s after a")
-    finally:
-        stop(gateway_a)
-        stop(gateway_b)
-        drop_keys(prefix)
