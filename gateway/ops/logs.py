@@ -34,10 +34,14 @@ request_id: ContextVar[str | None] = ContextVar("request_id", default=None)
 
 
 class _Written:
-    """Whether the request's access line is written; shared by every context the
-    request's work runs in (a task it starts has a copy of its context)."""
+    """Whether the request's access line is written: one object, shared by every
+    context the request's work runs in (a task it starts has a copy of its context,
+    which still points here)."""
 
-    line = False
+    __slots__ = ("line",)
+
+    def __init__(self) -> None:
+        self.line = False
 
 
 _access: ContextVar[_Written | None] = ContextVar("access", default=None)
