@@ -43,6 +43,10 @@ class BatchContext:
         self._n_batch = llm.n_batch
         self._ctx: llama_cpp.llama_context_p | None = None
         self._cells = 0
+        # The prompt whose cells sequence 0 still holds from the last batch: a loop's
+        # next round, or the next request with the same prompt, decodes only what
+        # differs (as Llama.generate does with its own context).
+        self._held: list[int] = []
         # One token per sequence per step, or a chunk of the prompt: each token
         # belongs to one sequence (the prompt is copied to the others after).
         self._batch = llama_cpp.llama_batch_init(max(self._n_batch, self.sequences), 0, 1)
@@ -54,8 +58,8 @@ class BatchContext:
         return self._ctx
 
     def reserve(self, cells: int) -> None:
-        """Make room for ``cells`` KV cells in all (prompt once, plus every token
-        decoded of every sequence) and empty the cache."""
+        """Make room for ``cells`` KV cells in all: the prompt once, plus every token
+        decoded of every sequence."""
         if self._ctx is None or cells > self._cells:
             self._free_context()
             size = max(cells, 2 * self._cells)
@@ -68,26 +72,46 @@ class BatchContext:
             if ctx is None:
                 raise BatchDecodeFailed(f"llama.cpp could not make a context of {size} cells")
             self._ctx, self._cells = ctx, size
-        memory = llama_cpp.llama_get_memory(self._ctx)
-        if memory is not None:
-            llama_cpp.llama_memory_clear(memory, True)
+            self._held = []
 
     def prefill(self, tokens: Sequence[int], copies: int) -> int:
-        """Decode the prompt into sequence 0, share it with sequences 1..copies-1,
-        and return the batch row whose logits predict the first token."""
+        """Decode the prompt into sequence 0 (what it does not hold already), share it
+        with sequences 1..copies-1, and return the batch row whose logits predict the
+        first token."""
         batch, ctx = self._batch, self.ctx
+        start = self._keep_prefix(tokens)
+        self._held = []  # until the prompt is whole again
         last = 0
-        for start in range(0, len(tokens), self._n_batch):
-            chunk = tokens[start : start + self._n_batch]
+        for offset in range(start, len(tokens), self._n_batch):
+            chunk = tokens[offset : offset + self._n_batch]
             for i, token in enumerate(chunk):
-                self._put(i, token, start + i, 0, start + i == len(tokens) - 1)
+                self._put(i, token, offset + i, 0, offset + i == len(tokens) - 1)
             batch.n_tokens = len(chunk)
             self._decode()
             last = len(chunk) - 1
+        self._held = list(tokens)
         memory = llama_cpp.llama_get_memory(ctx)
         for seq in range(1, copies):
             llama_cpp.llama_memory_seq_cp(memory, 0, seq, -1, -1)
         return last
+
+    def _keep_prefix(self, tokens: Sequence[int]) -> int:
+        """Empty the cache but for the longest start of ``tokens`` sequence 0 holds;
+        how many tokens that is."""
+        memory = llama_cpp.llama_get_memory(self.ctx)
+        common = 0
+        for held, token in zip(self._held, tokens, strict=False):
+            if held != token:
+                break
+            common += 1
+        # The last prompt token is decoded again: its logits are the first sample's.
+        common = min(common, len(tokens) - 1)
+        if common > 0 and llama_cpp.llama_memory_seq_rm(memory, -1, common, -1):
+            for seq in range(1, self.sequences):
+                llama_cpp.llama_memory_seq_rm(memory, seq, -1, -1)
+            return common
+        llama_cpp.llama_memory_clear(memory, True)
+        return 0
 
     def step(self, tokens: Sequence[tuple[int, int, int]]) -> None:
         """Decode one ``(token, position, sequence)`` per running sequence; the logits
@@ -97,9 +121,11 @@ class BatchContext:
         self._batch.n_tokens = len(tokens)
         self._decode()
 
-    def drop(self, seq: int) -> None:
-        """Free the cells only sequence ``seq`` holds; it takes no further part."""
-        llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self.ctx), seq, -1, -1)
+    def drop(self, seq: int, prompt_tokens: int) -> None:
+        """Free the cells of what sequence ``seq`` generated; it takes no further part.
+        The prompt's cells stay (shared, and held for the next batch)."""
+        memory = llama_cpp.llama_get_memory(self.ctx)
+        llama_cpp.llama_memory_seq_rm(memory, seq, prompt_tokens, -1)
 
     def close(self) -> None:
         self._free_context()

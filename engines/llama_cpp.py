@@ -384,7 +384,7 @@ class _Sequence:
         if not matched:  # text held back as a possible stop sequence was not one
             tail = self._matcher.flush() + self._decoder.decode(b"", final=True)
             self._answer.flush(tail, final=True)
-        self._batch.drop(self._seq)
+        self._batch.drop(self._seq, self._prompt_tokens)
         self.done = True
         first = self._first_token_at
         timings = Timings(

@@ -59,7 +59,8 @@ async def test_greedy_batch_gives_the_single_path_tokens(
     large_engine: LlamaCppEngine, batched: LlamaCppEngine
 ) -> None:
     params = SamplingParams(max_tokens=8, temperature=0, logprobs=True, top_logprobs=3)
-    for prompt in (STORY, QUESTION):
+    # The third batch starts from the cells the first two left (a shared prefix).
+    for prompt in (STORY, QUESTION, STORY):
         alone = (await large_engine.generate(prompt, params)).samples[0]
         before = batched.batched_samples
         together = await batched.generate(prompt, msgspec.structs.replace(params, n=4))
