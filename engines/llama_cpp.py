@@ -342,7 +342,6 @@ class _Sequence:
         self._token = -1
         self.count = 0
         self.row = -1  # where the last decode left this sequence's logits
-        self.done = False
 
     def take(self) -> bool:
         """Sample the next token into the answer; False when it ended the sample."""
@@ -385,7 +384,6 @@ class _Sequence:
             tail = self._matcher.flush() + self._decoder.decode(b"", final=True)
             self._answer.flush(tail, final=True)
         self._batch.drop(self._seq, self._prompt_tokens)
-        self.done = True
         first = self._first_token_at
         timings = Timings(
             queue_s=0.0,

@@ -161,6 +161,29 @@ async def test_cancelling_a_batch_stops_every_sample_within_a_token(
     assert batched.tokens_generated - before <= 3
 
 
+async def test_closing_one_stream_leaves_the_others_of_its_batch_going(
+    batched: LlamaCppEngine,
+) -> None:
+    """The loop prunes a branch by closing its stream mid-round."""
+    params = SamplingParams(max_tokens=10, temperature=0)
+    before = batched.batched_samples
+
+    async def pruned() -> int:
+        count = 0
+        async with contextlib.aclosing(batched.stream(STORY, params)) as events:
+            async for event in events:
+                count += isinstance(event, Delta)
+                if count == 2:
+                    break
+        return count
+
+    kept, cut = await asyncio.gather(batched.generate(STORY, params), pruned())
+    assert batched.batched_samples - before == 2
+    assert cut == 2
+    sample = kept.samples[0]
+    assert sample.completion_tokens == 10 and sample.finish_reason == "length"
+
+
 async def test_deadline_ends_a_batch_with_what_exists(batched: LlamaCppEngine) -> None:
     started = time.monotonic()
     generation = await batched.generate(
