@@ -40,7 +40,7 @@ class SampleDone(msgspec.Struct, frozen=True):
     prompt_tokens: int
 
 
-def _expired(index: int, waited_s: float) -> SampleDone:
+def expired(index: int, waited_s: float) -> SampleDone:
     """The empty sample of a request whose deadline passed while it was queued."""
     timings = Timings(queue_s=waited_s, first_token_s=None, total_s=waited_s)
     sample = Sample(
@@ -135,7 +135,7 @@ class FanOutEngine(ABC):
                 admitted = await self._admit(deadline)
                 queue_s = time.monotonic() - queued
                 if not admitted:
-                    merged.put_nowait(_expired(index, queue_s))
+                    merged.put_nowait(expired(index, queue_s))
                     return
                 sample = self._sample(prompt, own, index, deadline, queue_s)
                 async with contextlib.aclosing(sample) as it:
@@ -145,25 +145,38 @@ class FanOutEngine(ABC):
                 merged.put_nowait(exc)
 
         tasks = [asyncio.create_task(pump(i)) for i in range(params.n)]
-        done: list[SampleDone] = []
         try:
-            while len(done) < params.n:
-                item = await merged.get()
-                if isinstance(item, Exception):
-                    if isinstance(item, EngineOverloaded):
-                        self.counters.overloads += 1
-                    raise item
-                if isinstance(item, SampleDone):
-                    done.append(item)
-                    self.counters.prompt_tokens += item.prompt_tokens
-                    self.counters.completion_tokens += item.sample.completion_tokens
-                else:
+            async with contextlib.aclosing(self._merged(merged, params.n)) as items:
+                async for item in items:
+                    if isinstance(item, Generation):
+                        generation = item
+                        break
                     yield item
         finally:
             for task in tasks:
                 task.cancel()
             # Let every sample release its slot before the caller goes on.
             await asyncio.gather(*tasks, return_exceptions=True)
+        yield generation
+
+    async def _merged(
+        self, merged: asyncio.Queue[Delta | SampleDone | Exception], n: int
+    ) -> AsyncGenerator[Delta | Generation]:
+        """The deltas of ``n`` samples as they come on ``merged``, then their Generation;
+        an exception put there is raised to the caller."""
+        done: list[SampleDone] = []
+        while len(done) < n:
+            item = await merged.get()
+            if isinstance(item, Exception):
+                if isinstance(item, EngineOverloaded):
+                    self.counters.overloads += 1
+                raise item
+            if isinstance(item, SampleDone):
+                done.append(item)
+                self.counters.prompt_tokens += item.prompt_tokens
+                self.counters.completion_tokens += item.sample.completion_tokens
+            else:
+                yield item
         done.sort(key=lambda d: d.sample.index)
         yield Generation(
             engine=self.name,

@@ -29,7 +29,9 @@ from engines.admission import Admission
 from engines.base import (
     Delta,
     EngineError,
+    EngineOverloaded,
     FinishReason,
+    Generation,
     Message,
     Prompt,
     PromptTooLong,
@@ -40,7 +42,9 @@ from engines.base import (
     TopLogprob,
 )
 from engines.bundled import model_file
-from engines.fanout import EngineCounters, FanOutEngine, SampleDone
+from engines.fanout import EngineCounters, FanOutEngine, SampleDone, expired
+from engines.gathering import Gathering, Group, Member
+from engines.llama_batch import BatchContext, SequenceSampler, logits_row
 from engines.native_check import check_models
 from engines.settings import LlamaCppSettings
 from engines.stops import StopMatcher
@@ -83,14 +87,21 @@ class LogprobRecorder:
     after every decode, so one log-sum-exp over them per token gives the same numbers.
     """
 
-    def __init__(self, llm: llama_cpp.Llama, token_bytes: TokenBytes, top: int) -> None:
-        self._llm = llm
+    def __init__(
+        self,
+        llm: llama_cpp.Llama,
+        token_bytes: TokenBytes,
+        top: int,
+        ctx: llama_cpp.llama_context_p | None = None,
+    ) -> None:
+        self._ctx = llm._ctx.ctx if ctx is None else ctx  # a batch's context, or llm's own
         self._token_bytes = token_bytes
         self._top = top
         self._n_vocab = llm.n_vocab()
 
-    def record(self, token: int) -> TokenLogprob:
-        pointer = self._llm._ctx.get_logits_ith(-1)
+    def record(self, token: int, row: int = -1) -> TokenLogprob:
+        """``token``'s logprob under the logits at batch ``row`` of the last decode."""
+        pointer = logits_row(self._ctx, row)
         logits = np.ctypeslib.as_array(pointer, shape=(self._n_vocab,))
         peak = logits.max()
         log_total = float(peak + np.log(np.exp(logits - peak).sum()))
@@ -120,6 +131,52 @@ class _Worker:
         self.context_tokens = settings.context_tokens
         self.token_bytes = TokenBytes(self.llm)
         self.tokens_generated = 0  # read by the engine for its token counter
+        self.batched_samples = 0  # samples decoded beside others, read the same way
+        self._batch_sequences = settings.batch_sequences
+        self._batch: BatchContext | None = None  # made at the first batch
+
+    def close(self) -> None:
+        if self._batch is not None:
+            self._batch.close()
+        self.llm.close()
+
+    def run_batch(
+        self, engine: str, prompt: tuple[str, bool, bool], samples: Sequence[BatchSample]
+    ) -> None:
+        """Decode ``samples`` of one prompt together: the prompt once, then one token of
+        every running sample per step; each sample ends on its own (its EOS, stops,
+        max_tokens, deadline or cancel) and hands over its SampleDone at once."""
+        started = time.monotonic()
+        text, add_bos, lstrip = prompt
+        prompt_tokens = self._prompt_tokens(engine, text, add_bos)
+        room = self.context_tokens - len(prompt_tokens)
+        if self._batch is None:
+            self._batch = BatchContext(self.llm, self._batch_sequences)
+        batch = self._batch
+        if len(samples) > batch.sequences:
+            raise EngineError(engine, f"a batch holds at most {batch.sequences} samples")
+        budgets = [min(s.params.max_tokens, room) for s in samples]
+        batch.reserve(len(prompt_tokens) + sum(budgets))
+        self.batched_samples += len(samples)
+        sequences = [
+            _Sequence(self, batch, seq, sample, budget, lstrip, started, len(prompt_tokens))
+            for seq, (sample, budget) in enumerate(zip(samples, budgets, strict=True))
+        ]
+        try:
+            running = [s for s in sequences if s.goes_on()]
+            if running:
+                row = batch.prefill(prompt_tokens, len(sequences))
+                for sequence in running:
+                    sequence.row = row
+            while running:
+                running = [s for s in running if s.take() and s.goes_on()]
+                if running:
+                    batch.step([s.next_input() for s in running])
+                    for row, sequence in enumerate(running):
+                        sequence.row = row
+        finally:
+            for sequence in sequences:
+                sequence.close()
 
     def run(
         self,
@@ -234,6 +291,110 @@ class _Decoded(NamedTuple):
     first_token_at: float | None
 
 
+class BatchSample(NamedTuple):
+    """One sample of a batch: its parameters and stops, its own deadline and cancel,
+    where its deltas go and where its SampleDone goes (both called on the worker's
+    thread)."""
+
+    sample_index: int  # in its own request (tuple has an ``index`` already)
+    params: SamplingParams
+    stops: tuple[str, ...]
+    deadline: float | None
+    cancel: threading.Event
+    emit: Callable[[Delta], None]
+    finish: Callable[[SampleDone], None]
+
+
+class _Sequence:
+    """One sequence of a batched decode: its sampler, its text so far, and why it
+    ended. ``take`` and ``goes_on`` run once per token: they mirror ``_decode``."""
+
+    def __init__(
+        self,
+        worker: _Worker,
+        batch: BatchContext,
+        seq: int,
+        sample: BatchSample,
+        budget: int,
+        lstrip: bool,
+        started: float,
+        prompt_tokens: int,
+    ) -> None:
+        params = sample.params
+        self._worker = worker
+        self._batch = batch
+        self._seq = seq
+        self._sample = sample
+        self._budget = budget
+        self._started = started
+        self._prompt_tokens = prompt_tokens
+        self._sampler = SequenceSampler(worker.llm, params)
+        self._vocab = worker.llm._model.vocab
+        self._recorder = (
+            LogprobRecorder(worker.llm, worker.token_bytes, params.top_logprobs, batch.ctx)
+            if params.logprobs
+            else None
+        )
+        self._answer = _Answer(sample.sample_index, lstrip, sample.emit)
+        self._matcher = StopMatcher(sample.stops)
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._first_token_at: float | None = None
+        self._token = -1
+        self.count = 0
+        self.row = -1  # where the last decode left this sequence's logits
+
+    def take(self) -> bool:
+        """Sample the next token into the answer; False when it ended the sample."""
+        token = self._token = self._sampler.sample(self._batch.ctx, self.row)
+        if self._first_token_at is None:
+            self._first_token_at = time.monotonic()
+        if llama_cpp.llama_vocab_is_eog(self._vocab, token):
+            return self._end("stop")
+        self.count += 1
+        self._worker.tokens_generated += 1
+        answer = self._answer
+        if self._recorder is not None:
+            answer.pending.append(self._recorder.record(token, self.row))
+        safe, matched = self._matcher.feed(self._decoder.decode(self._worker.token_bytes(token)))
+        answer.flush(safe)
+        return not matched or self._end("stop", matched=True)
+
+    def goes_on(self) -> bool:
+        """Whether another token is wanted: within the budget, before the deadline,
+        not cancelled; checked before each decode, so a cancelled or late sample
+        computes at most one token more."""
+        if self.count >= self._budget:
+            return self._end("length")
+        if self._sample.cancel.is_set():
+            return self._end("cancelled")
+        deadline = self._sample.deadline
+        if deadline is not None and time.monotonic() >= deadline:
+            return self._end("deadline")
+        return True
+
+    def next_input(self) -> tuple[int, int, int]:
+        """The last token, where it goes in the sequence, and the sequence."""
+        return self._token, self._prompt_tokens + self.count - 1, self._seq
+
+    def close(self) -> None:
+        self._sampler.close()
+
+    def _end(self, finish: FinishReason, matched: bool = False) -> bool:
+        if not matched:  # text held back as a possible stop sequence was not one
+            tail = self._matcher.flush() + self._decoder.decode(b"", final=True)
+            self._answer.flush(tail, final=True)
+        self._batch.drop(self._seq, self._prompt_tokens)
+        first = self._first_token_at
+        timings = Timings(
+            queue_s=0.0,
+            first_token_s=None if first is None else first - self._started,
+            total_s=time.monotonic() - self._started,
+        )
+        sample = self._answer.sample(finish, self.count, timings)
+        self._sample.finish(SampleDone(sample, self._prompt_tokens))
+        return False
+
+
 class _Answer:
     """One sample's text and logprobs, emitted as they become final. Text held back
     (a possible stop sequence, part of a UTF-8 character) keeps its tokens'
@@ -290,6 +451,7 @@ class LlamaCppEngine(FanOutEngine):
         self._formatter: Jinja2ChatFormatter | None = None
         template = settings.template
         self._completion = template if isinstance(template, CompletionTemplate) else None
+        self._gathering = Gathering(settings.batch_sequences, self._serve)
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -313,13 +475,18 @@ class LlamaCppEngine(FanOutEngine):
         # Waits for samples still running; their callers are gone or finishing.
         await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
         for worker in self._workers:
-            worker.llm.close()
+            worker.close()
         self._workers = self._idle = []
 
     @property
     def tokens_generated(self) -> int:
         """Tokens sampled since start, over all samples, finished or cut short."""
         return sum(worker.tokens_generated for worker in self._workers)
+
+    @property
+    def batched_samples(self) -> int:
+        """Samples decoded in a batch with others of their prompt since start."""
+        return sum(worker.batched_samples for worker in self._workers)
 
     @property
     def busy_slots(self) -> int:
@@ -355,6 +522,112 @@ class LlamaCppEngine(FanOutEngine):
         earlier = prompt[:-1] if continuing else prompt
         text = self._formatter(messages=_chat_dicts(earlier)).prompt  # type: ignore[arg-type]
         return text + (prompt[-1].content if continuing else ""), False, False
+
+    def stream(
+        self, prompt: Prompt, params: SamplingParams, deadline: float | None = None
+    ) -> AsyncGenerator[Delta | Generation]:
+        if self._settings.batch_samples:
+            return self._gathered(prompt, params, deadline)
+        return super().stream(prompt, params, deadline)
+
+    async def _gathered(
+        self, prompt: Prompt, params: SamplingParams, deadline: float | None
+    ) -> AsyncGenerator[Delta | Generation]:
+        """``stream`` with batching on: the request's samples join the samples of the
+        same prompt asked for in this turn of the event loop, and each group of them
+        is decoded as one batch in one slot."""
+        deadline = self._deadline(deadline)
+        merged: asyncio.Queue[Delta | SampleDone | Exception] = asyncio.Queue()
+        joined = time.monotonic()
+        members = []
+        for index in range(params.n):
+            # Seeded requests stay reproducible while their n samples still differ.
+            seed = None if params.seed is None else params.seed + index
+            own = msgspec.structs.replace(params, n=1, seed=seed)
+            member = Member(index, own, deadline, merged, joined)
+            members.append((self._gathering.join(prompt, member), member))
+        try:
+            async with contextlib.aclosing(self._merged(merged, params.n)) as items:
+                async for item in items:
+                    yield item
+        finally:
+            for group, member in members:
+                self._gathering.leave(group, member)
+
+    async def _serve(self, group: Group) -> None:
+        """Decode one group in one slot: alone, as the single path does, or as a batch."""
+        members = group.members
+        deadlines = [m.deadline for m in members]
+        latest = None if None in deadlines else max(d for d in deadlines if d is not None)
+        try:
+            admitted = await self._admit(latest)
+        except EngineOverloaded as exc:
+            for member in members:
+                member.hand(exc)
+            return
+        admitted_at = time.monotonic()
+        if not admitted:
+            for member in members:
+                member.hand(expired(member.index, admitted_at - member.joined))
+            return
+        group.submitted = True
+        worker = self._idle.pop()
+        loop = asyncio.get_running_loop()
+        samples = [self._batch_sample(m, admitted_at, loop) for m in members]
+
+        def work() -> None:
+            rendered = self._render(group.prompt)
+            if len(samples) > 1:
+                worker.run_batch(self.name, rendered, samples)
+                return
+            one = samples[0]
+            done = worker.run(
+                self.name,
+                rendered,
+                one.params,
+                one.sample_index,
+                one.stops,
+                one.deadline,
+                one.cancel,
+                one.emit,
+            )
+            one.finish(done)
+
+        def release(finished: asyncio.Future[None]) -> None:
+            self._idle.append(worker)
+            self._admission.release()
+            if not finished.cancelled():
+                finished.exception()  # read below, or nobody is left to; don't warn
+
+        future = loop.run_in_executor(self._executor, work)
+        future.add_done_callback(release)
+        try:
+            # Shielded: the slot is free when the worker is, not when this task is.
+            await asyncio.shield(future)
+        except Exception as exc:  # handed to every sample still waiting
+            for member in members:
+                if not member.finished:
+                    member.hand(exc)
+
+    def _batch_sample(
+        self, member: Member, admitted_at: float, loop: asyncio.AbstractEventLoop
+    ) -> BatchSample:
+        """What the worker needs of one member; what it hands back goes to the
+        member's stream on the event loop, the SampleDone with the time it queued."""
+        queue_s = admitted_at - member.joined
+
+        def hand(item: Delta | SampleDone) -> None:
+            if isinstance(item, SampleDone):
+                timings = msgspec.structs.replace(item.sample.timings, queue_s=queue_s)
+                sample = msgspec.structs.replace(item.sample, timings=timings)
+                item = SampleDone(sample, item.prompt_tokens)
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody listens
+                loop.call_soon_threadsafe(member.hand, item)
+
+        stops = member.params.stop + (self._completion.stop if self._completion else ())
+        return BatchSample(
+            member.index, member.params, stops, member.deadline, member.cancel, hand, hand
+        )
 
     async def _sample(
         self,

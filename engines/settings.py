@@ -51,6 +51,14 @@ class LlamaCppSettings(_Common, tag="llama_cpp", tag_field="backend", kw_only=Tr
     context_tokens: Positive = 2048
     # CPU threads of each model instance, for the prompt and for generation.
     threads: Positive = 2
+    # Decode the samples of one prompt together, as one batch in one slot: the n of a
+    # request, and the branches of a loop round (asked for at the same moment). The
+    # prompt is read once and each step decodes a token of every sample still going,
+    # in a second llama.cpp context per slot (its KV cache grows to the largest batch
+    # so far). Off: each sample takes a slot of its own and they run one by one.
+    batch_samples: bool = False
+    # Most samples in one batch; more of one prompt at once make further batches.
+    batch_sequences: Annotated[int, msgspec.Meta(ge=1, le=64)] = 8
 
 
 class OpenAIHTTPSettings(
