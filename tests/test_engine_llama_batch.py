@@ -157,7 +157,7 @@ async def test_cancelling_a_batch_stops_every_sample_within_a_token(
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
-    await asyncio.wait_for(_wait_idle(batched), timeout=1)
+    await asyncio.wait_for(_wait_idle(batched), timeout=5)
     assert batched.tokens_generated - before <= 3
 
 
@@ -189,7 +189,8 @@ async def test_deadline_ends_a_batch_with_what_exists(batched: LlamaCppEngine) -
     generation = await batched.generate(
         STORY, SamplingParams(max_tokens=1000, temperature=0.8, seed=2, n=3), started + 0.4
     )
-    assert time.monotonic() - started < 0.4 + 0.3
+    # Room for a slow host: 1,000 tokens of three samples would take over 10 s here.
+    assert time.monotonic() - started < 0.4 + 1.0
     # A short story may end at the template's stop first; the others the deadline ends.
     assert {s.finish_reason for s in generation.samples} <= {"deadline", "stop"}
     assert any(s.finish_reason == "deadline" for s in generation.samples)
