@@ -8,6 +8,7 @@ from conftest.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import selectors
 import socket
@@ -17,11 +18,15 @@ import time
 import uuid
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
+from engines.base import Delta, Prompt, SamplingParams
 from engines.bundled import SMOLLM2, model_file
+
+if TYPE_CHECKING:
+    from engines.llama_cpp import LlamaCppEngine
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -248,3 +253,34 @@ class _JumpingSelector(selectors.DefaultSelector):
         if not events and timeout > 0:
             self._clock.advance(timeout)
         return events
+
+
+async def engine_idle(engine: LlamaCppEngine) -> None:
+    # Polling: the engine signals nothing when a cancelled worker thread winds down.
+    while engine.busy_slots:  # noqa: ASYNC110
+        await asyncio.sleep(0.001)
+
+
+async def tokens_after_cancel(
+    engine: LlamaCppEngine, prompt: Prompt, params: SamplingParams, after_deltas: int
+) -> int:
+    """Tokens the engine generated after cancelling a streaming caller that had seen
+    ``after_deltas`` deltas, counted once its slots are idle again."""
+    await engine_idle(engine)
+    seen = asyncio.Event()
+
+    async def consume() -> None:
+        count = 0
+        async for event in engine.stream(prompt, params):
+            count += isinstance(event, Delta)
+            if count == after_deltas:
+                seen.set()
+
+    task = asyncio.create_task(consume())
+    await seen.wait()
+    before = engine.tokens_generated
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await asyncio.wait_for(engine_idle(engine), timeout=5)
+    return engine.tokens_generated - before

@@ -20,6 +20,7 @@ from engines.settings import LlamaCppSettings
 from evaluator.loop import LoopResult, ReasoningLoop
 from evaluator.policy import LoopSettings
 from gateway.config import GatewayConfig
+from tests.support import tokens_after_cancel
 
 STORY = (Message("user", "Write a story about a dragon."),)
 QUESTION = (Message("user", "What is the capital of Italy?"),)
@@ -132,33 +133,11 @@ async def test_samples_stream_by_index_and_stop_on_their_own(batched: LlamaCppEn
     assert [s.text for s in again.samples] == [s.text for s in final.samples]
 
 
-async def _wait_idle(engine: LlamaCppEngine) -> None:
-    while engine.busy_slots:  # noqa: ASYNC110
-        await asyncio.sleep(0.001)
-
-
 async def test_cancelling_a_batch_stops_every_sample_within_a_token(
     batched: LlamaCppEngine,
 ) -> None:
-    await _wait_idle(batched)
-    seen = asyncio.Event()
-
-    async def consume() -> None:
-        count = 0
-        params = SamplingParams(max_tokens=500, temperature=0.8, seed=3, n=3)
-        async for event in batched.stream(STORY, params):
-            count += isinstance(event, Delta)
-            if count == 6:
-                seen.set()
-
-    task = asyncio.create_task(consume())
-    await seen.wait()
-    before = batched.tokens_generated
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    await asyncio.wait_for(_wait_idle(batched), timeout=5)
-    assert batched.tokens_generated - before <= 3
+    params = SamplingParams(max_tokens=500, temperature=0.8, seed=3, n=3)
+    assert await tokens_after_cancel(batched, STORY, params, after_deltas=6) <= 3
 
 
 async def test_closing_one_stream_leaves_the_others_of_its_batch_going(

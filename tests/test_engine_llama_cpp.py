@@ -26,6 +26,7 @@ from engines.bundled import SMOLLM2, model_file
 from engines.llama_cpp import LlamaCppEngine
 from engines.settings import LlamaCppSettings
 from gateway.config import GatewayConfig
+from tests.support import engine_idle, tokens_after_cancel
 
 QUESTION = (Message("user", "What is the capital of France? Answer in one word."),)
 STORY = (Message("user", "Write a long story about a dragon and a knight."),)
@@ -166,31 +167,9 @@ async def test_deadline_returns_what_exists(small_engine: LlamaCppEngine) -> Non
     assert elapsed < 0.3 + 0.2
 
 
-async def _wait_idle(engine: LlamaCppEngine) -> None:
-    # Polling: the engine signals nothing when a cancelled worker thread winds down.
-    while engine.busy_slots:  # noqa: ASYNC110
-        await asyncio.sleep(0.001)
-
-
 async def test_cancellation_stops_within_one_token(small_engine: LlamaCppEngine) -> None:
-    await _wait_idle(small_engine)
-    seen = asyncio.Event()
-
-    async def consume() -> None:
-        count = 0
-        async for event in small_engine.stream(STORY, SamplingParams(max_tokens=500, seed=3)):
-            count += isinstance(event, Delta)
-            if count == 5:
-                seen.set()
-
-    task = asyncio.create_task(consume())
-    await seen.wait()
-    before = small_engine.tokens_generated
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    await asyncio.wait_for(_wait_idle(small_engine), timeout=1)
-    assert small_engine.tokens_generated - before <= 1
+    params = SamplingParams(max_tokens=500, seed=3)
+    assert await tokens_after_cancel(small_engine, STORY, params, after_deltas=5) <= 1
 
 
 # Slow: loads a model of its own; overload stays covered by test_api's 429, test_shedding
@@ -223,7 +202,7 @@ async def test_prompt_longer_than_context_is_refused(small_engine: LlamaCppEngin
 async def test_deadline_while_queued_returns_empty_sample(small_engine: LlamaCppEngine) -> None:
     """With the only slot busy, a request whose deadline passes in the queue still
     gets an answer: empty, marked "deadline", without waiting for the slot."""
-    await _wait_idle(small_engine)
+    await engine_idle(small_engine)
     busy = asyncio.create_task(small_engine.generate(STORY, SamplingParams(max_tokens=300)))
     while not small_engine.busy_slots:  # noqa: ASYNC110
         await asyncio.sleep(0.001)
