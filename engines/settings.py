@@ -52,7 +52,8 @@ class LlamaCppSettings(_Common, tag="llama_cpp", tag_field="backend", kw_only=Tr
     # CPU threads of each model instance, for the prompt and for generation.
     threads: Positive = 2
     # Decode the samples of one prompt together, as one batch in one slot: the n of a
-    # request, and the branches of a loop round (asked for at the same moment). The
+    # request, and the branches of a loop's first round (asked for at the same moment;
+    # later rounds continue each branch's own text, a prompt of its own). The
     # prompt is read once and each step decodes a token of every sample still going,
     # in a second llama.cpp context per slot (its KV cache grows to the largest batch
     # so far). Off: each sample takes a slot of its own and they run one by one.
