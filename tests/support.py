@@ -8,6 +8,7 @@ from conftest.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
 import selectors
@@ -18,11 +19,11 @@ import time
 import uuid
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import httpx
 
-from engines.base import Delta, Prompt, SamplingParams
+from engines.base import Delta, Generation, Prompt, SamplingParams
 from engines.bundled import SMOLLM2, model_file
 
 if TYPE_CHECKING:
@@ -284,3 +285,27 @@ async def tokens_after_cancel(
         await task
     await asyncio.wait_for(engine_idle(engine), timeout=5)
     return engine.tokens_generated - before
+
+
+class Streamed(NamedTuple):
+    """A stream drained: each sample's text and logprob count from its deltas, by
+    index, and the Generation it ended with."""
+
+    texts: dict[int, str]
+    logprobs: dict[int, int]
+    generation: Generation
+
+
+async def streamed(engine: LlamaCppEngine, prompt: Prompt, params: SamplingParams) -> Streamed:
+    # A sample that ends before its first token sends no delta: empty, not missing.
+    texts: dict[int, str] = collections.defaultdict(str)
+    logprobs: dict[int, int] = collections.defaultdict(int)
+    final = None
+    async for event in engine.stream(prompt, params):
+        if isinstance(event, Delta):
+            texts[event.index] += event.text
+            logprobs[event.index] += len(event.logprobs)
+        else:
+            final = event
+    assert isinstance(final, Generation), "the stream ended without a Generation"
+    return Streamed(texts, logprobs, final)

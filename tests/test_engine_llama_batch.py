@@ -7,20 +7,19 @@ import asyncio
 import contextlib
 import math
 import time
-from collections import defaultdict
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
 import pytest
 
-from engines.base import Delta, Generation, Message, Sample, SamplingParams
+from engines.base import Delta, Message, Sample, SamplingParams
 from engines.llama_cpp import LlamaCppEngine
 from engines.settings import LlamaCppSettings
 from evaluator.loop import LoopResult, ReasoningLoop
 from evaluator.policy import LoopSettings
 from gateway.config import GatewayConfig
-from tests.support import tokens_after_cancel
+from tests.support import streamed, tokens_after_cancel
 
 STORY = (Message("user", "Write a story about a dragon."),)
 QUESTION = (Message("user", "What is the capital of Italy?"),)
@@ -105,16 +104,7 @@ async def test_calls_at_one_moment_share_a_batch_and_keep_their_own_limits(
 
 async def test_samples_stream_by_index_and_stop_on_their_own(batched: LlamaCppEngine) -> None:
     params = SamplingParams(max_tokens=24, temperature=1.0, seed=7, n=4, logprobs=True)
-    texts: dict[int, str] = defaultdict(str)
-    counted: dict[int, int] = defaultdict(int)
-    final = None
-    async for event in batched.stream(QUESTION, params):
-        if isinstance(event, Delta):
-            texts[event.index] += event.text
-            counted[event.index] += len(event.logprobs)
-        else:
-            final = event
-    assert isinstance(final, Generation)
+    texts, counted, final = await streamed(batched, QUESTION, params)
     for sample in final.samples:
         assert texts[sample.index] == sample.text
         assert counted[sample.index] == len(sample.logprobs)

@@ -15,7 +15,6 @@ import msgspec
 import pytest
 
 from engines.base import (
-    Delta,
     EngineOverloaded,
     Generation,
     Message,
@@ -26,7 +25,7 @@ from engines.bundled import SMOLLM2, model_file
 from engines.llama_cpp import LlamaCppEngine
 from engines.settings import LlamaCppSettings
 from gateway.config import GatewayConfig
-from tests.support import engine_idle, tokens_after_cancel
+from tests.support import engine_idle, streamed, tokens_after_cancel
 
 QUESTION = (Message("user", "What is the capital of France? Answer in one word."),)
 STORY = (Message("user", "Write a long story about a dragon and a knight."),)
@@ -140,18 +139,9 @@ async def test_n_samples_are_independent_and_seeded(small_engine: LlamaCppEngine
 
 async def test_stream_deltas_add_up_to_the_generation(small_engine: LlamaCppEngine) -> None:
     params = SamplingParams(max_tokens=20, temperature=0.8, seed=1, n=2, logprobs=True)
-    texts = ["", ""]
-    counted = [0, 0]
-    final: Generation | None = None
-    async for event in small_engine.stream(STORY, params):
-        if isinstance(event, Delta):
-            texts[event.index] += event.text
-            counted[event.index] += len(event.logprobs)
-        else:
-            final = event
-    assert final is not None
-    assert texts == [s.text for s in final.samples]
-    assert counted == [len(s.logprobs) for s in final.samples]
+    texts, counted, final = await streamed(small_engine, STORY, params)
+    assert [texts[i] for i in range(2)] == [s.text for s in final.samples]
+    assert [counted[i] for i in range(2)] == [len(s.logprobs) for s in final.samples]
 
 
 async def test_deadline_returns_what_exists(small_engine: LlamaCppEngine) -> None:
