@@ -67,6 +67,11 @@ def test_eval_cross_validates(outcomes: Path, tmp_path: Path) -> None:
     for report in reports:
         assert report["small_accuracy"] == 50.0 and report["large_accuracy"] == 100.0
         assert set(report) >= {"cpt50", "cpt80", "apgr", "auc", "random_apgr"}
+        # Held out, at the threshold each fold's fit chose, hard prompts go large (five
+        # examples a fold are too few for knn to send all of them).
+        assert report["routed_accuracy"] > report["small_accuracy"]
+        assert 0 < report["routed_large_share"] <= 50.0
+    assert (reports[1]["routed_accuracy"], reports[1]["routed_large_share"]) == (100.0, 50.0)
     assert plot.read_bytes().startswith(b"\x89PNG")
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from gateway.config import GatewayConfig, load_config
 from router import calibrate
 from router.embedder import Embedder, Vectors
-from router.fitting import cross_validated_scores, fit_router
+from router.fitting import cross_validated_routing, cross_validated_scores, fit_router
 from router.model_file import read_router, write_router
 from router.outcomes import Outcome, read_outcomes, read_prompts
 from router.router import router_file
@@ -107,9 +107,11 @@ def router_eval(args: argparse.Namespace) -> int:
     for kind in args.kind:
         scores = cross_validated_scores(kind, outcomes, vectors, args.folds, args.seed, args.k)
         report = reports[kind] = evaluate(scores, small, large)
+        routed = cross_validated_routing(kind, outcomes, vectors, args.folds, args.seed, args.k)
         summaries.append(
             {"outcomes": len(outcomes), "kind": kind, "folds": args.folds}
             | {name: getattr(report, name) for name in _SUMMARY}
+            | {"routed_accuracy": routed.accuracy, "routed_large_share": routed.large_share}
         )
     if args.plot:
         from router.plots import plot_quality_curve
