@@ -4,7 +4,6 @@ each answer is graded. What the router learns where the large model is needed fr
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Sequence
 
 import msgspec
@@ -27,13 +26,13 @@ class GradedPair(msgspec.Struct, frozen=True, kw_only=True):
 async def collect(
     small: Engine, large: Engine, questions: Sequence[LabelledQuestion], params: SamplingParams
 ) -> AsyncIterator[GradedPair]:
-    """Each question's graded answers from two started engines, asked at the same time;
-    yielded as soon as both answered, so that a long collection that stops keeps them."""
+    """Each question's graded answers from two started engines, asked one after the
+    other; yielded as soon as both answered, so that a long collection that stops keeps
+    them. Not at the same time: two in-process llama.cpp engines would share the cores,
+    and their threads spin while they wait for each other (several times slower)."""
     for question in questions:
         prompt = (Message("user", question.prompt),)
-        answers = await asyncio.gather(
-            small.generate(prompt, params), large.generate(prompt, params)
-        )
+        answers = [await small.generate(prompt, params), await large.generate(prompt, params)]
         yield GradedPair(
             prompt=question.prompt,
             source=question.source,
