@@ -19,7 +19,7 @@ question. Gold answers that cannot be graded (NQ's "---") drop their row. Up to
 --per-source questions are sampled per source, reproducibly from --seed and the source
 name alone, and written in file order. Run:
     .venv/bin/python bench/convert_datasets.py --out FILE.jsonl [--data DIR]
-        [--per-source 200] [--seed 0] [--sources gsm8k,arc_easy,...]
+        [--per-source 200] [--seed 0] [--sources gsm8k,arc_easy,...] [--as-asked]
 """
 
 from __future__ import annotations
@@ -253,6 +253,18 @@ def load_pools(data: Path, sources: list[str]) -> dict[str, Pool]:
     return {name: pools[name] for name in sources}
 
 
+WORD_PROBLEMS = frozenset({"gsm8k", "multiarith", "addsub", "singleeq"})
+
+
+def as_asked(question: LabelledQuestion) -> LabelledQuestion:
+    """A word problem as a user would ask it, without the request to answer with the
+    number only: a chat model then reasons before it answers (and needs the tokens)."""
+    if question.source not in WORD_PROBLEMS:
+        return question
+    prompt = question.prompt.removesuffix(f"\n\n{NUMBER_ONLY}")
+    return msgspec.structs.replace(question, prompt=prompt)
+
+
 def sample(questions: list[LabelledQuestion], n: int, seed: int, source: str) -> list[int]:
     """Indices of up to n questions, in file order; the same whichever sources are asked."""
     rng = random.Random(f"{seed}:{source}")
@@ -267,6 +279,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--sources", default=",".join(SOURCES), help=f"comma-separated, of: {','.join(SOURCES)}"
+    )
+    parser.add_argument(
+        "--as-asked",
+        action="store_true",
+        help="word problems without 'Answer with the number only.' (models reason first)",
     )
     args = parser.parse_args(argv)
     sources = [name.strip() for name in args.sources.split(",") if name.strip()]
@@ -286,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, pool in pools.items():
             chosen = sample(pool.questions, args.per_source, args.seed, name)
             for index in chosen:
-                out.write(encoder.encode(pool.questions[index]) + b"\n")
+                question = pool.questions[index]
+                out.write(encoder.encode(as_asked(question) if args.as_asked else question) + b"\n")
             total += len(chosen)
             print(
                 f"{name:18} {len(chosen):5} of {len(pool.questions):5} "
