@@ -13,19 +13,20 @@ import pytest
 
 from engines.llama_cpp import LlamaCppEngine
 from engines.settings import LlamaCppSettings
-from gateway.config import GatewayConfig, load_config
+from gateway.config import GatewayConfig, load_config, parse_config
 from router.embedder import Embedder, EmbedderSettings
-from tests.support import GATEWAY_CONFIG, start_gateway, stop
+from tests.support import FAST_PAIR, GATEWAY_CONFIG, start_gateway, stop
 
 
 @pytest.fixture(scope="session")
-def default_config() -> GatewayConfig:
-    return load_config()
+def fast_pair() -> GatewayConfig:
+    """The engines most tests run on (tests/support.py, FAST_PAIR)."""
+    return parse_config(FAST_PAIR, "tests/support.py FAST_PAIR")
 
 
 @pytest.fixture(scope="session")
-def models_dir(default_config: GatewayConfig) -> Path:
-    return Path(default_config.models_dir).expanduser()
+def models_dir() -> Path:
+    return Path(load_config().models_dir).expanduser()
 
 
 async def _started(config: GatewayConfig, name: str, models_dir: Path) -> LlamaCppEngine:
@@ -37,19 +38,15 @@ async def _started(config: GatewayConfig, name: str, models_dir: Path) -> LlamaC
 
 
 @pytest.fixture(scope="session")
-async def small_engine(
-    default_config: GatewayConfig, models_dir: Path
-) -> AsyncIterator[LlamaCppEngine]:
-    engine = await _started(default_config, "small", models_dir)
+async def small_engine(fast_pair: GatewayConfig, models_dir: Path) -> AsyncIterator[LlamaCppEngine]:
+    engine = await _started(fast_pair, "small", models_dir)
     yield engine
     await engine.close()
 
 
 @pytest.fixture(scope="session")
-async def large_engine(
-    default_config: GatewayConfig, models_dir: Path
-) -> AsyncIterator[LlamaCppEngine]:
-    engine = await _started(default_config, "large", models_dir)
+async def large_engine(fast_pair: GatewayConfig, models_dir: Path) -> AsyncIterator[LlamaCppEngine]:
+    engine = await _started(fast_pair, "large", models_dir)
     yield engine
     await engine.close()
 

@@ -166,6 +166,39 @@ def spare_redis(port: int, directory: Path) -> subprocess.Popen[bytes]:
     raise TimeoutError("redis-server did not start")
 
 
+# The fast pair most tests run on: SmolLM2-135M (chat) and Gemma-3-270M (a base model,
+# prompted few-shot), several times faster than the Qwen pair the embedded default
+# serves (tests/test_bundled_models.py and the slow tests run that one). The
+# engine fixtures of conftest.py are these two.
+FAST_PAIR = """
+engines:
+  small:
+    backend: llama_cpp
+    model: smollm2-135m-instruct
+    template: chat
+  large:
+    backend: llama_cpp
+    model: gemma3-270m
+    template:
+      preamble: |+
+        Question: What is 7 plus 5?
+        Answer: 12
+
+        Question: What is the capital of France?
+        Answer: Paris
+
+        Question: Is the sun a star?
+        Answer: Yes
+
+      system: "{content}\\n\\n"
+      user: "Question: {content}\\n"
+      assistant: "Answer: {content}\\n\\n"
+      generation_prefix: "Answer:"
+      stop: ["\\nQuestion:", "\\n\\n"]
+    queue_size: 64
+"""
+
+
 # Both bundled models as a test gateway's engines, the large one's answers cut at the
 # end of their line by its template's stops.
 BUNDLED_ENGINES = """

@@ -33,8 +33,8 @@ LOGPROB_DRIFT = 0.5
 
 
 @pytest.fixture(scope="module")
-async def batched(default_config: GatewayConfig, models_dir: Path) -> AsyncIterator[LlamaCppEngine]:
-    settings = default_config.engines["large"]
+async def batched(fast_pair: GatewayConfig, models_dir: Path) -> AsyncIterator[LlamaCppEngine]:
+    settings = fast_pair.engines["large"]
     assert isinstance(settings, LlamaCppSettings)
     engine = LlamaCppEngine(
         "large", msgspec.structs.replace(settings, batch_samples=True), models_dir

@@ -208,7 +208,7 @@ async def test_deadline_while_queued_returns_empty_sample(small_engine: LlamaCpp
 
 
 async def test_models_loading_at_once_leave_stderr_where_it_was(
-    default_config: GatewayConfig, models_dir: Path
+    fast_pair: GatewayConfig, models_dir: Path
 ) -> None:
     """llama-cpp-python points the process's stderr at /dev/null while a model loads
     (verbose=False) and back afterwards. Two loads at once would each restore what
@@ -216,7 +216,7 @@ async def test_models_loading_at_once_leave_stderr_where_it_was(
     before = os.fstat(2)
     engines = []
     for name in ("small", "large"):
-        settings = default_config.engines[name]
+        settings = fast_pair.engines[name]
         assert isinstance(settings, LlamaCppSettings)
         concurrent = msgspec.structs.replace(settings, concurrency=3)
         engines.append(LlamaCppEngine(name, concurrent, models_dir))
