@@ -16,7 +16,8 @@ from tests.support import satisfice
 # `make default-calibrator`'s trace bank; the loop's signals are covered on live
 # branches in test_loop and test_loop_scripted.
 @pytest.mark.slow
-def test_bank_samples_each_question_k_times_with_logprobs(tmp_path: Path) -> None:
+@pytest.mark.parametrize("batch", [[], ["--batch"]], ids=["one-by-one", "batched"])
+def test_bank_samples_each_question_k_times_with_logprobs(tmp_path: Path, batch: list[str]) -> None:
     dataset = tmp_path / "questions.jsonl"
     questions = [
         {"prompt": "What is 2 plus 3?", "answers": ["5"], "kind": "number", "source": "toy"},
@@ -26,7 +27,7 @@ def test_bank_samples_each_question_k_times_with_logprobs(tmp_path: Path) -> Non
     out = tmp_path / "runs.jsonl"
     result = satisfice(
         "evaluator", "bank", "--dataset", str(dataset), "--out", str(out), "--engine", "small",
-        "--samples", "3", "--max-tokens", "6", "--top-logprobs", "2",
+        "--samples", "3", "--max-tokens", "6", "--top-logprobs", "2", *batch,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     runs = read_runs(out).runs

@@ -20,6 +20,7 @@ import msgspec
 
 from engines import Engine, create_engine
 from engines.base import SamplingParams
+from engines.settings import LlamaCppSettings
 from evaluator.answers import read_questions
 from evaluator.bank import bank
 from evaluator.calibration import ISOTONIC_MIN_LABELS, write_calibrator
@@ -31,10 +32,15 @@ from gateway.config import GatewayConfig, load_config
 from router.outcomes import Outcome
 
 
-def _engine(config: GatewayConfig, name: str) -> Engine:
+def _engine(config: GatewayConfig, name: str, *, batch: bool = False) -> Engine:
     if name not in config.engines:
         raise SystemExit(f"no engine {name!r} in the config: {', '.join(config.engines)}")
-    return create_engine(name, config.engines[name], Path(config.models_dir).expanduser())
+    settings = config.engines[name]
+    if batch:
+        if not isinstance(settings, LlamaCppSettings):
+            raise SystemExit(f"--batch: engine {name!r} is not a llama_cpp engine")
+        settings = msgspec.structs.replace(settings, batch_samples=True)
+    return create_engine(name, settings, Path(config.models_dir).expanduser())
 
 
 def eval_collect(args: argparse.Namespace) -> int:
@@ -73,7 +79,7 @@ def eval_collect(args: argparse.Namespace) -> int:
 
 def evaluator_bank(args: argparse.Namespace) -> int:
     config = load_config(args.config)
-    engine = _engine(config, args.engine)
+    engine = _engine(config, args.engine, batch=args.batch)
     questions = read_questions(args.dataset)[: args.limit or None]
     params = SamplingParams(
         max_tokens=args.max_tokens,
@@ -191,6 +197,9 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     banked.add_argument("--top-logprobs", type=int, default=5, help="alternatives per token")
     banked.add_argument("--seed", type=int, default=0)
     banked.add_argument("--limit", type=int, default=0, help="first N questions only")
+    banked.add_argument(
+        "--batch", action="store_true", help="a question's samples as one llama.cpp batch"
+    )
     banked.add_argument("--config")
     banked.set_defaults(run=evaluator_bank)
 
