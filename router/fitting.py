@@ -27,10 +27,13 @@ def fit_router(
     embedding: str,
     k: int = 100,
     trained_on: str = "",
+    quality_gap: float | None = None,
 ) -> RouterModel:
     """A router fitted on ``outcomes`` (``vectors`` are their prompts' embeddings, made
     with ``embedding``), whose threshold sends the large model the share of prompts
-    that needed it: a default to tune with ``calibrate`` on real traffic.
+    that needed it, or with ``quality_gap`` the fewest prompts that recover that share
+    of the accuracy between always-small and always-large: a default to tune with
+    ``calibrate`` on real traffic.
 
     The threshold is read off cross-validated scores, as new prompts would score: on
     its own examples a kNN router mostly sees each prompt's own label (its nearest
@@ -41,7 +44,13 @@ def fit_router(
         scores = cross_validated_scores(kind, outcomes, vectors, THRESHOLD_FOLDS, 0, k)
     else:
         scores = scorer_for(model).score(vectors, [o.prompt for o in outcomes])
-    threshold = calibrate.for_large_fraction(scores, needed).threshold
+    if quality_gap is None:
+        threshold = calibrate.for_large_fraction(scores, needed).threshold
+    else:
+        small = float(np.mean([o.small for o in outcomes]))
+        large = float(np.mean([o.large for o in outcomes]))
+        target = min(large, small + quality_gap * max(0.0, large - small))
+        threshold = calibrate.for_quality(scores, outcomes, target).threshold
     return msgspec.structs.replace(model, threshold=threshold)
 
 
@@ -54,13 +63,26 @@ class HeldOutRouting(msgspec.Struct, frozen=True):
 
 
 def cross_validated_routing(
-    kind: Kind, outcomes: Sequence[Outcome], vectors: Vectors, folds: int, seed: int, k: int
+    kind: Kind,
+    outcomes: Sequence[Outcome],
+    vectors: Vectors,
+    folds: int,
+    seed: int,
+    k: int,
+    quality_gap: float | None = None,
 ) -> HeldOutRouting:
     order = np.random.default_rng(seed).permutation(len(outcomes))
     to_large = np.zeros(len(outcomes), dtype=bool)
     for held_out in np.array_split(order, folds):
         train = np.setdiff1d(order, held_out)
-        model = fit_router(kind, [outcomes[i] for i in train], vectors[train], embedding="cv", k=k)
+        model = fit_router(
+            kind,
+            [outcomes[i] for i in train],
+            vectors[train],
+            embedding="cv",
+            k=k,
+            quality_gap=quality_gap,
+        )
         prompts = [outcomes[i].prompt for i in held_out]
         to_large[held_out] = scorer_for(model).score(vectors[held_out], prompts) >= model.threshold
     answers = [o.large if large else o.small for o, large in zip(outcomes, to_large, strict=True)]

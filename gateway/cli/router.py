@@ -22,6 +22,19 @@ from router.router import router_file
 from router.scorers import scorer_for
 from router.settings import RouterSettings
 
+QUALITY_GAP_HELP = (
+    "threshold: the fewest large calls recovering this share of the accuracy between "
+    "always-small and always-large (default: the share of prompts that needed large)"
+)
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is not within [0, 1]")
+    return value
+
+
 # What `router eval` prints of each report, in this order.
 _SUMMARY = (
     "cpt50",
@@ -62,6 +75,7 @@ def router_fit(args: argparse.Namespace) -> int:
         embedding=fingerprint,
         k=args.k,
         trained_on=f"{Path(args.outcomes).name} ({len(outcomes)} outcomes)",
+        quality_gap=args.quality_gap,
     )
     write_router(model, args.out)
     print(
@@ -107,7 +121,9 @@ def router_eval(args: argparse.Namespace) -> int:
     for kind in args.kind:
         scores = cross_validated_scores(kind, outcomes, vectors, args.folds, args.seed, args.k)
         report = reports[kind] = evaluate(scores, small, large)
-        routed = cross_validated_routing(kind, outcomes, vectors, args.folds, args.seed, args.k)
+        routed = cross_validated_routing(
+            kind, outcomes, vectors, args.folds, args.seed, args.k, args.quality_gap
+        )
         summaries.append(
             {"outcomes": len(outcomes), "kind": kind, "folds": args.folds}
             | {name: getattr(report, name) for name in _SUMMARY}
@@ -137,6 +153,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     fit_.add_argument("--out", required=True)
     fit_.add_argument("--kind", choices=["knn", "logistic"], default="logistic")
     fit_.add_argument("--k", type=int, default=100, help="neighbours for knn")
+    fit_.add_argument("--quality-gap", type=_fraction, help=QUALITY_GAP_HELP)
     common(fit_)
     fit_.set_defaults(run=router_fit)
 
@@ -161,6 +178,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="one or more scorers, each cross-validated on the same folds",
     )
     ev.add_argument("--k", type=int, default=100)
+    ev.add_argument("--quality-gap", type=_fraction, help=QUALITY_GAP_HELP)
     ev.add_argument("--seed", type=int, default=0)
     ev.add_argument("--json", action="store_true")
     ev.add_argument("--plot", help="write quality vs %% large calls to this PNG")
