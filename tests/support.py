@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import importlib.util
 import os
 import selectors
 import socket
@@ -19,6 +20,7 @@ import time
 import uuid
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import IO, TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import httpx
@@ -29,7 +31,20 @@ from engines.bundled import SMOLLM2, model_file
 if TYPE_CHECKING:
     from engines.llama_cpp import LlamaCppEngine
 
+
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def bench_script(name: str) -> ModuleType:
+    """A script from bench/ loaded as a module of its own name: bench/ holds scripts, not
+    a package, so importing it as `bench.x` would give mypy one file under two names."""
+    path = ROOT / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 # The CLI as the tests run it: this interpreter, from the checkout.
 SATISFICE = (sys.executable, "-m", "gateway.cli")

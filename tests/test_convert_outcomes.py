@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from router.outcomes import Outcome, read_outcomes
+from tests.support import bench_script
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "convert_outcomes.py"
@@ -23,16 +22,7 @@ GPT4 = "gpt-4-1106-preview"
 csv.field_size_limit(sys.maxsize)
 
 
-def _load_converter() -> ModuleType:
-    # bench/ holds scripts, not a package.
-    spec = importlib.util.spec_from_file_location("convert_outcomes", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-converter = _load_converter()
+converter = bench_script("convert_outcomes")
 
 
 def needs_data(folder: str) -> pytest.MarkDecorator:

@@ -9,7 +9,6 @@ import msgspec
 import numpy as np
 import pytest
 
-from bench import convert_datasets
 from router import calibrate
 from router.embedder import Embedder, EmbedderOverloaded, Embedding
 from router.index import VectorIndex
@@ -18,7 +17,9 @@ from router.outcomes import Outcome, OutcomeError, read_outcomes
 from router.router import Router
 from router.scorers import Kind, fit, scorer_for
 from router.settings import RouterSettings
+from tests.support import bench_script
 
+convert_datasets = bench_script("convert_datasets")
 DATA = Path(__file__).resolve().parent.parent / ".." / "shared" / "data"
 
 EASY = ["What is 2+2?", "Say hello.", "What colour is the sky?", "Name a fruit."]
