@@ -1,0 +1,67 @@
+"""Split a trace bank into a fitting part and a held-out part, by question.
+
+The calibrator is fitted, and the loop's settings chosen, on the fitting part only; the
+held-out part is what the loop's figures are reported on. Each source is split on its
+own (a seeded shuffle of its questions), so both parts have every kind of question in
+the same proportions.
+
+    .venv/bin/python bench/split_runs.py bench/out/bank_qwen_*.jsonl \\
+        --fit bench/out/bank_qwen_fit.jsonl --held-out bench/out/bank_qwen_held.jsonl \\
+        [--held-out-share 0.4] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+
+import msgspec
+
+from evaluator.runs import Run, read_runs
+
+
+def split(runs: Sequence[Run], share: float, seed: int) -> tuple[list[Run], list[Run]]:
+    """(fitting, held out): ``share`` of each source's runs, rounded, held out."""
+    by_source: dict[str, list[Run]] = defaultdict(list)
+    for run in runs:
+        by_source[run.source].append(run)
+    fitting: list[Run] = []
+    held: list[Run] = []
+    for source in sorted(by_source):
+        shuffled = list(by_source[source])
+        # Seeded by the source too, so adding a source leaves the others' split alone.
+        random.Random(f"{seed}:{source}").shuffle(shuffled)
+        cut = round(len(shuffled) * share)
+        held.extend(shuffled[:cut])
+        fitting.extend(shuffled[cut:])
+    return fitting, held
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", help="trace bank files (JSONL of labelled runs)")
+    parser.add_argument("--fit", required=True, help="runs to fit and tune on")
+    parser.add_argument("--held-out", required=True, help="runs to report on")
+    parser.add_argument("--held-out-share", type=float, default=0.4)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if not 0 < args.held_out_share < 1:
+        parser.error("--held-out-share must be between 0 and 1")
+    runs = [run for path in args.runs for run in read_runs(path).runs]
+    ids = [run.id for run in runs]
+    if len(set(ids)) != len(ids):
+        parser.error("two runs share an id: give each bank file its own questions")
+    fitting, held = split(runs, args.held_out_share, args.seed)
+    encoder = msgspec.json.Encoder()
+    for path, part in ((args.fit, fitting), (args.held_out, held)):
+        Path(path).write_bytes(b"".join(encoder.encode(run) + b"\n" for run in part))
+        print(f"wrote {path}: {len(part)} runs", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
