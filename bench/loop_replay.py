@@ -47,6 +47,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--branches", type=int, default=LoopSettings().branches, help="branches per round"
     )
     parser.add_argument(
+        "--max-rounds",
+        type=int,
+        help="rounds a stopping rule may take (default: as many as the bank's samples hold)",
+    )
+    parser.add_argument(
         "--orders",
         type=int,
         default=DEFAULT_ORDERS,
@@ -69,6 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             seed=args.seed,
             branches=args.branches,
             orders=args.orders,
+            max_rounds=args.max_rounds,
         )
     except ValueError as exc:  # a bad bank or calibrator, or too few samples or questions
         raise SystemExit(f"error: {exc}") from exc

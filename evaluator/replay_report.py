@@ -279,12 +279,16 @@ REFERENCE = "fixed-k majority"
 
 
 def policies(
-    questions: Sequence[Question], samples: int, branches: int, cutoffs: dict[str, float]
+    questions: Sequence[Question],
+    samples: int,
+    branches: int,
+    rounds: int,
+    cutoffs: dict[str, float],
 ) -> dict[str, list[Setting]]:
-    """Every curve's settings, by curve name, in the report's order. Each signal alone is
-    swept over quantiles of its values in these questions, which need their
+    """Every curve's settings, by curve name, in the report's order: fixed k up to
+    ``samples``, stopping rules in up to ``rounds`` rounds of ``branches``. Each signal
+    alone is swept over quantiles of its values in these questions, which need their
     calibrators already."""
-    rounds = samples // branches
     every_k = range(1, samples + 1)
     sweeps: dict[str, list[Setting]] = {
         REFERENCE: [(f"k={k}", k, fixed_plain(k)) for k in every_k],
@@ -329,15 +333,21 @@ def replay_bank(
     seed: int,
     branches: int,
     orders: int,
+    max_rounds: int | None = None,
 ) -> dict[str, Any]:
     """The whole report as builtins: every policy's curve, the reference, accuracy per
     source, and how P(correct) was calibrated (``calibrator`` for every question, or
-    one cross-fitted per fold of ``folds`` at ``ks``). NaN where a figure is undefined:
-    ``finite`` makes it JSON."""
+    one cross-fitted per fold of ``folds`` at ``ks``). Stopping rules take up to
+    ``max_rounds`` rounds of ``branches`` (as a config's loop would), or as many as the
+    samples hold. NaN where a figure is undefined: ``finite`` makes it JSON."""
     samples = min(len(r.samples) for r in runs)
     rounds = samples // branches
     if rounds < 1:
         raise ValueError(f"runs have {samples} samples, fewer than one round of {branches}")
+    if max_rounds is not None:
+        if max_rounds < 1:
+            raise ValueError(f"max_rounds must be at least 1, not {max_rounds}")
+        rounds = min(rounds, max_rounds)
     settings = calibrator.signals if calibrator is not None else DEFAULT_SETTINGS
     lowest = [
         s
@@ -367,7 +377,7 @@ def replay_bank(
             point(questions, policy, label, value, reference_answers)
             for label, value, policy in sweep
         ]
-        for name, sweep in policies(questions, samples, branches, cutoffs).items()
+        for name, sweep in policies(questions, samples, branches, rounds, cutoffs).items()
     }
     reference = swept[REFERENCE][-1]
     curves = [curve(name, points, reference, len(questions)) for name, points in swept.items()]

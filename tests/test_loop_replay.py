@@ -17,7 +17,7 @@ import pytest
 from evaluator import replay, replay_report
 from evaluator.calibration import Calibrator
 from evaluator.policy import LoopSettings
-from evaluator.runs import Run, RunAlternative, RunSample, RunToken, write_runs
+from evaluator.runs import Run, RunAlternative, RunSample, RunToken, read_runs, write_runs
 from evaluator.signals import DEFAULT_FEATURES, DEFAULT_SETTINGS, SignalSettings, majority
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -347,3 +347,31 @@ def test_min_gain_ends_the_loop_when_a_round_does_not_raise_p() -> None:
     rising.calibrator = vote_share_calibrator()
     assert replay.loop_rule(gaining(0.05), 4)(rising).branches == 16
     assert replay.loop_rule(gaining(0.1), 4)(rising).branches == 12
+
+
+def test_stopping_rules_take_no_more_rounds_than_the_config_allows(tmp_path: Path) -> None:
+    """A loop of at most 3 rounds of 2 branches, replayed over 8 samples a question: the
+    loop's rules (and each signal alone, in the same rounds) spend at most 6 branches;
+    the fixed-k reference still votes all 8, and the baselines keep the whole bank."""
+    bank = tmp_path / "bank.jsonl"
+    synthetic_bank(bank)
+    runs = read_runs(bank).runs
+    report = replay_report.replay_bank(
+        runs,
+        calibrator=vote_share_calibrator(),
+        folds=2,
+        ks=[1, 2],
+        seed=0,
+        branches=2,
+        orders=2,
+        max_rounds=3,
+    )
+    assert (report["rounds"], report["reference"]["setting"]) == (3, "k=8")
+    most = {c["name"]: max(p["mean_branches"] for p in c["points"]) for c in report["curves"]}
+    assert most["fixed-k majority"] == 8
+    in_rounds = [name for name in most if name.startswith("loop rule") or name.endswith("alone")]
+    assert in_rounds and all(most[name] <= 6 for name in in_rounds), most
+    with pytest.raises(ValueError, match="max_rounds"):
+        replay_report.replay_bank(
+            runs, calibrator=None, folds=2, ks=[1], seed=0, branches=2, orders=1, max_rounds=0
+        )
