@@ -4,13 +4,13 @@ replay over the bank predicts for the same questions.
 The live run is evaluator.loop.ReasoningLoop itself on the bundled large model, with
 the default config's loop settings and calibrator, no deadline, fresh random samples;
 the prediction is evaluator.replay's loop rule (bench/loop_replay.py's) with the same
-settings and calibrator over the bank's 16 samples of each question (in several random
+settings and calibrator over the bank's samples of each question (in several random
 orders).
 They should agree within sampling noise: accuracy (95% Wilson intervals), completion
 tokens and rounds per question, and the stop reasons.
 
     .venv/bin/python bench/loop_live.py --runs bench/out/bank.jsonl --per-source 20 \\
-        [--json bench/out/loop_live.json]
+        [--max-tokens 16] [--json bench/out/loop_live.json]
 """
 
 from __future__ import annotations
@@ -53,7 +53,11 @@ def subset(runs: list[Run], per_source: int) -> list[Run]:
 
 
 async def live(
-    runs: list[Run], settings: LoopSettings, calibrator: Calibrator, models_dir: Path
+    runs: list[Run],
+    settings: LoopSettings,
+    calibrator: Calibrator,
+    models_dir: Path,
+    max_tokens: int | None = None,
 ) -> list[dict[str, Any]]:
     config = load_config()
     engine = create_engine("large", config.engines["large"], models_dir)
@@ -63,7 +67,8 @@ async def live(
     try:
         for number, run in enumerate(runs, start=1):
             result = None
-            async for event in loop.run([Message("user", run.prompt)], deadline=None):
+            messages = [Message("user", run.prompt)]
+            async for event in loop.run(messages, deadline=None, max_tokens=max_tokens):
                 if isinstance(event, LoopResult):
                     result = event
             assert result is not None
@@ -91,7 +96,7 @@ def predicted(
 ) -> list[dict[str, Any]]:
     samples = min(len(r.samples) for r in runs)
     rounds = min(settings.max_rounds, samples // settings.branches)
-    # The bank holds 16 samples a question: rounds beyond them cannot be replayed.
+    # Rounds beyond the bank's samples of a question cannot be replayed.
     replayed = msgspec.structs.replace(settings, max_rounds=rounds)
     rule = loop_rule(replayed, rounds)
     rows = []
@@ -131,6 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", default=str(ROOT / "bench/out/bank.jsonl"))
     parser.add_argument("--per-source", type=int, default=20)
     parser.add_argument("--orders", type=int, default=DEFAULT_ORDERS)
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        help="a client's max_tokens: the bank's own cap, so that live branches are cut "
+        "where the banked samples were (default: the loop's round_tokens alone)",
+    )
     parser.add_argument("--json")
     args = parser.parse_args(argv)
 
@@ -141,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = subset(read_runs(args.runs).runs, args.per_source)
     started = time.perf_counter()
     models_dir = Path(config.models_dir).expanduser()
-    live_rows = asyncio.run(live(runs, settings, calibrator, models_dir))
+    live_rows = asyncio.run(live(runs, settings, calibrator, models_dir, args.max_tokens))
     seconds = time.perf_counter() - started
     report: dict[str, Any] = {
         "questions": len(runs),
