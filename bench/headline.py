@@ -1,0 +1,267 @@
+"""The product's headline curve: accuracy against compute for each way of answering,
+through a real gateway, on questions nothing was fitted or tuned on.
+
+Each arm is a real `satisfice serve` on 127.0.0.1 (the embedded default config with
+the cache off, so every question is answered, and one change per arm), asked every
+question once, one after another, by the official openai client:
+
+  always-small   model "small", no loop
+  always-large   model "large", no loop: one greedy pass
+  always-loop    model "auto", every question routed hard: the reasoning loop
+  router         model "auto", no loop: the router picks small or one large pass
+  router+loop    model "auto" as shipped: easy questions small, hard ones to the loop
+  ...+escalation the same, and small answers below --escalate-below P go to the loop
+
+Compute is what the engines sampled (satisfice_engine_sampled_tokens_total on /metrics,
+read before and after each question, so an escalated question counts both attempts)
+and the seconds the client waited. The questions are the held-out part of a trace
+bank (bench/split_runs.py), less any the shipped router was fitted on.
+
+    .venv/bin/python bench/headline.py --runs bench/out/bank_qwen_held.jsonl \\
+        [--per-source 20] [--arms always-small router+loop ...] [--escalate-below 0.5] \\
+        [--json bench/out/headline.json] [--plot docs/img/headline.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from openai import OpenAI
+
+from evaluator.answers import LabelledQuestion, is_correct
+from evaluator.runs import read_runs
+from router.model_file import read_router
+from router.router import router_file
+from router.settings import RouterSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG = ROOT / "gateway" / "config" / "default.yaml"
+SAMPLED = re.compile(r'^satisfice_engine_sampled_tokens_total\{engine="([^"]+)"\} (\S+)$', re.M)
+
+Config = dict[str, Any]
+
+
+def _no_loop(config: Config) -> None:
+    config["loop"] = None
+
+
+def _all_hard(config: Config) -> None:
+    config["router"]["threshold"] = 0.0
+
+
+def _shipped(config: Config) -> None:
+    pass
+
+
+# Arm name -> (the model asked for, the change to the default config).
+ARMS: dict[str, tuple[str, Callable[[Config], None]]] = {
+    "always-small": ("small", _no_loop),
+    "always-large": ("large", _no_loop),
+    "always-loop": ("auto", _all_hard),
+    "router": ("auto", _no_loop),
+    "router+loop": ("auto", _shipped),
+    "router+loop+escalation": ("auto", _shipped),
+}
+
+
+def arm_config(name: str, escalate_below: float) -> str:
+    config: Config = yaml.safe_load(DEFAULT_CONFIG.read_text("utf-8"))
+    config["cache"] = None  # every question answered, none served from an earlier arm's
+    ARMS[name][1](config)
+    if name == "router+loop+escalation":
+        config["loop"]["escalate_below"] = escalate_below
+    return yaml.safe_dump(config)
+
+
+def held_out_questions(runs_file: str, per_source: int) -> list[LabelledQuestion]:
+    """The bank's questions, up to ``per_source`` of each source in file order, less the
+    prompts the shipped router was fitted on (it has seen their outcomes)."""
+    fitted_on = set(read_router(router_file(RouterSettings())).prompts)
+    taken: Counter[str] = Counter()
+    chosen = []
+    for run in read_runs(runs_file).runs:
+        if run.prompt in fitted_on or taken[run.source] >= per_source:
+            continue
+        taken[run.source] += 1
+        chosen.append(run.question)
+    return chosen
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start(config_text: str, folder: Path) -> tuple[str, subprocess.Popen[bytes]]:
+    path = folder / "arm.yaml"
+    path.write_text(config_text)
+    port = _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--port", str(port)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the gateway exited with {process.returncode}")
+        try:
+            if httpx.get(f"{url}/readyz").status_code == 200:
+                return url, process
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    process.terminate()
+    raise TimeoutError("the gateway was not ready in 300 s")
+
+
+def _sampled(http: httpx.Client, url: str) -> float:
+    """Tokens every engine of the gateway has sampled so far."""
+    return sum(float(value) for _, value in SAMPLED.findall(http.get(f"{url}/metrics").text))
+
+
+def run_arm(name: str, questions: list[LabelledQuestion], escalate_below: float) -> dict[str, Any]:
+    model = ARMS[name][0]
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        url, process = _start(arm_config(name, escalate_below), Path(folder))
+        try:
+            client = OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=600, max_retries=0)
+            with httpx.Client() as http:
+                for number, question in enumerate(questions, start=1):
+                    before = _sampled(http, url)
+                    started = time.perf_counter()
+                    raw = client.chat.completions.with_raw_response.create(
+                        model=model, messages=[{"role": "user", "content": question.prompt}]
+                    )
+                    seconds = time.perf_counter() - started
+                    text = raw.parse().choices[0].message.content or ""
+                    rows.append(
+                        {
+                            "source": question.source,
+                            "correct": is_correct(question, text),
+                            "tokens": _sampled(http, url) - before,
+                            "seconds": seconds,
+                            "route": raw.headers.get("x-satisfice-route"),
+                            "engine": raw.headers.get("x-satisfice-engine"),
+                            "escalated": raw.headers.get("x-satisfice-escalated-from") is not None,
+                            "fallback": raw.headers.get("x-satisfice-fallback"),
+                        }
+                    )
+                    if number % 10 == 0:
+                        print(f"{name}: {number}/{len(questions)}", file=sys.stderr, flush=True)
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+    return summary(name, rows)
+
+
+def summary(name: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    sources = sorted({r["source"] for r in rows})
+    return {
+        "arm": name,
+        "questions": len(rows),
+        "accuracy": statistics.mean(r["correct"] for r in rows),
+        "mean_tokens": statistics.mean(r["tokens"] for r in rows),
+        "mean_seconds": statistics.mean(r["seconds"] for r in rows),
+        "p90_seconds": sorted(r["seconds"] for r in rows)[round(0.9 * (len(rows) - 1))],
+        "routes": dict(Counter(r["route"] or "as asked" for r in rows)),
+        "escalated": sum(r["escalated"] for r in rows),
+        "fallbacks": sum(r["fallback"] not in (None, "none") for r in rows),
+        "by_source": {
+            s: {
+                "accuracy": statistics.mean(r["correct"] for r in rows if r["source"] == s),
+                "mean_tokens": statistics.mean(r["tokens"] for r in rows if r["source"] == s),
+            }
+            for s in sources
+        },
+        "rows": rows,
+    }
+
+
+def render(arms: list[dict[str, Any]]) -> str:
+    lines = [
+        "| arm | accuracy | sampled tokens / question | seconds / question (mean, p90) "
+        "| routes | escalated |",
+        "|---|---|---|---|---|---|",
+    ]
+    for a in arms:
+        routes = ", ".join(f"{k} {v}" for k, v in sorted(a["routes"].items()))
+        lines.append(
+            f"| {a['arm']} | {100 * a['accuracy']:.1f}% | {a['mean_tokens']:.0f} | "
+            f"{a['mean_seconds']:.1f}, {a['p90_seconds']:.1f} | {routes} | {a['escalated']} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(arms: list[dict[str, Any]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
+    for ax, key, label in (
+        (axes[0], "mean_tokens", "tokens sampled per question"),
+        (axes[1], "mean_seconds", "seconds per question"),
+    ):
+        for a in arms:
+            ax.scatter(a[key], 100 * a["accuracy"], s=60)
+            ax.annotate(a["arm"], (a[key], 100 * a["accuracy"]), textcoords="offset points",
+                        xytext=(6, 4), fontsize=9)  # fmt: skip
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("accuracy on held-out questions (%)")
+    figure.suptitle(f"Through a real gateway, {arms[0]['questions']} held-out questions")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", required=True, help="held-out part of a trace bank")
+    parser.add_argument("--per-source", type=int, default=20)
+    parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
+    parser.add_argument("--escalate-below", type=float, default=0.5)
+    parser.add_argument("--json")
+    parser.add_argument("--plot")
+    args = parser.parse_args(argv)
+    questions = held_out_questions(args.runs, args.per_source)
+    if not questions:
+        parser.error(f"no questions in {args.runs} that the router was not fitted on")
+    print(f"{len(questions)} questions: {dict(Counter(q.source for q in questions))}",
+          file=sys.stderr)  # fmt: skip
+    arms = []
+    for name in args.arms:
+        started = time.perf_counter()
+        arms.append(run_arm(name, questions, args.escalate_below))
+        print(f"{name}: {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+    print(render(arms))
+    if args.json:
+        Path(args.json).write_text(json.dumps(arms, indent=1) + "\n")
+    if args.plot:
+        plot(arms, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
