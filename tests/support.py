@@ -31,7 +31,6 @@ from engines.bundled import SMOLLM2, model_file
 if TYPE_CHECKING:
     from engines.llama_cpp import LlamaCppEngine
 
-
 ROOT = Path(__file__).resolve().parent.parent
 
 
