@@ -56,35 +56,37 @@ SAMPLED = re.compile(r'^satisfice_engine_sampled_tokens_total\{engine="([^"]+)"\
 Config = dict[str, Any]
 
 
-def _no_loop(config: Config) -> None:
+def _no_loop(config: Config, escalate_below: float) -> None:
     config["loop"] = None
 
 
-def _all_hard(config: Config) -> None:
+def _all_hard(config: Config, escalate_below: float) -> None:
     config["router"]["threshold"] = 0.0
 
 
-def _shipped(config: Config) -> None:
+def _shipped(config: Config, escalate_below: float) -> None:
     pass
 
 
+def _escalating(config: Config, escalate_below: float) -> None:
+    config["loop"]["escalate_below"] = escalate_below
+
+
 # Arm name -> (the model asked for, the change to the default config).
-ARMS: dict[str, tuple[str, Callable[[Config], None]]] = {
+ARMS: dict[str, tuple[str, Callable[[Config, float], None]]] = {
     "always-small": ("small", _no_loop),
     "always-large": ("large", _no_loop),
     "always-loop": ("auto", _all_hard),
     "router": ("auto", _no_loop),
     "router+loop": ("auto", _shipped),
-    "router+loop+escalation": ("auto", _shipped),
+    "router+loop+escalation": ("auto", _escalating),
 }
 
 
 def arm_config(name: str, escalate_below: float) -> str:
     config: Config = yaml.safe_load(DEFAULT_CONFIG.read_text("utf-8"))
     config["cache"] = None  # every question answered, none served from an earlier arm's
-    ARMS[name][1](config)
-    if name == "router+loop+escalation":
-        config["loop"]["escalate_below"] = escalate_below
+    ARMS[name][1](config, escalate_below)
     return yaml.safe_dump(config)
 
 
