@@ -17,11 +17,8 @@ import random
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
-from pathlib import Path
 
-import msgspec
-
-from evaluator.runs import Run, read_runs
+from evaluator.runs import Run, read_runs, write_runs
 
 
 def split(runs: Sequence[Run], share: float, seed: int) -> tuple[list[Run], list[Run]]:
@@ -52,13 +49,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not 0 < args.held_out_share < 1:
         parser.error("--held-out-share must be between 0 and 1")
     runs = [run for path in args.runs for run in read_runs(path).runs]
-    ids = [run.id for run in runs]
-    if len(set(ids)) != len(ids):
-        parser.error("two runs share an id: give each bank file its own questions")
+    # A question banked twice (two files, or SingleEq's copies of AddSub's questions
+    # converted apart) could land on both sides: no held-out part at all.
+    for field, named in (("id", "an id"), ("prompt", "a prompt")):
+        values = [value for run in runs if (value := getattr(run, field))]  # "": no prompt kept
+        if len(set(values)) != len(values):
+            parser.error(f"two runs share {named}: give each bank file its own questions")
     fitting, held = split(runs, args.held_out_share, args.seed)
-    encoder = msgspec.json.Encoder()
     for path, part in ((args.fit, fitting), (args.held_out, held)):
-        Path(path).write_bytes(b"".join(encoder.encode(run) + b"\n" for run in part))
+        write_runs(part, path)
         print(f"wrote {path}: {len(part)} runs", file=sys.stderr)
     return 0
 

@@ -53,3 +53,12 @@ def test_the_script_writes_both_parts_and_refuses_ids_that_repeat(tmp_path: Path
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert twice.returncode == 2 and "share an id" in twice.stderr
+    # The same question under another id (converted in another file) is refused too.
+    renamed = [msgspec.structs.replace(r, id=f"other-{r.id}", prompt="Same?") for r in
+               _runs("gsm8k", 2)]  # fmt: skip
+    bank.write_bytes(b"".join(msgspec.json.encode(r) + b"\n" for r in renamed))
+    copied = subprocess.run(
+        [*script, str(bank), "--fit", str(fit), "--held-out", str(held)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert copied.returncode == 2 and "share a prompt" in copied.stderr
