@@ -106,7 +106,7 @@ default-router: $(STAMP)
 # answers, up to 384 tokens, a loop round's budget). The bank is split by question,
 # half and half within each source (bench/split_runs.py): the calibrator learns
 # P(correct) of the loop's vote after 1, 2, 4, 6 and 8 samples on the fitting half;
-# the held-out half is what docs/benchmarks.md reports the loop on. About 95 minutes
+# the held-out half is what docs/benchmarks.md reports the loop on. About 85 minutes
 # on 2 cores, nearly all of it the worked answers.
 BANK_SOURCES := multiarith gsm8k
 default-calibrator: $(STAMP)

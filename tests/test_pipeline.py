@@ -20,9 +20,9 @@ from gateway.pipeline.policy import CacheControl, resolve
 from gateway.pipeline.request import ChatRequest
 from gateway.runtime import Runtime
 
-# The bundled router scores every question below a threshold above any score, so all go
-# to the small engine (which of them the shipped router would send small changes with
-# each refit); escalation is on, but so low that the small engine's answer always stands.
+# A router threshold above any score sends every question to the small engine (which
+# ones the shipped router itself sends small changes with each refit); escalation is
+# on, but so low that the small engine's answer always stands.
 EASY = "What is 2+2?"
 CONFIG = """
 router: {model_file: bundled, small_engine: small, large_engine: large, threshold: 1.5}
