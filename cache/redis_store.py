@@ -219,7 +219,8 @@ def _sentinel(url: str, connection: dict[str, Any]) -> tuple[Sentinel, str]:
         name, _, port = host.rpartition(":")
         sentinels.append((name or host, int(port) if name else 26379))
     password = credentials.partition(":")[2] or None
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+    # redis-py types Sentinel() from 8.2 on; before that the call is untyped.
+    sentinel = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
         sentinels,
         sentinel_kwargs={"socket_timeout": connection["socket_connect_timeout"]},
         password=password,
