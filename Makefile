@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 DATA ?= ../shared/data
 OUT := bench/out
 
-.PHONY: install serve test test-all lint bench default-router default-calibrator verifier
+.PHONY: install serve test test-all lint bench default-router default-calibrator pack-banks verifier
 
 # llama.cpp is compiled for this host's CPU (-march=native), with AMX switched off at
 # compile time: some x86-64 hosts advertise AMX without letting a process use it, and a
@@ -102,23 +102,32 @@ default-router: $(STAMP)
 # The calibrator shipped for the embedded default's large model: Qwen2.5-Coder-1.5B
 # answers public questions 8 times each (temperature 0.7, top-5 token logprobs, a
 # question's samples as one batch) into the trace bank: 240 ARC-Challenge questions
-# (letter only) and 30 each of MultiArith and GSM8K as a user asks them (worked
+# (letter only), 30 MultiArith and 200 GSM8K questions as a user asks them (worked
 # answers, up to 384 tokens, a loop round's budget). The bank is split by question,
 # half and half within each source (bench/split_runs.py): the calibrator learns
 # P(correct) of the loop's vote after 1, 2, 4, 6 and 8 samples on the fitting half;
-# the held-out half is what docs/benchmarks.md reports the loop on. About 85 minutes
-# on 2 cores, nearly all of it the worked answers.
-BANK_SOURCES := multiarith gsm8k
+# the held-out half is what docs/benchmarks.md reports the loop on.
+#
+# Banking it all takes about 6 hours on 2 cores, nearly all of it the worked answers,
+# so the bank is kept in the repository as gzip shards under $(BANKS) (bench/bank_shards.py)
+# and banking resumes from them: with every shard in place this target only splits and
+# fits. After banking more, `make pack-banks` writes the new runs into new shards.
+BANKS := bench/banks
+BANK_SOURCES := arc_challenge multiarith gsm8k
+# $(call bank_source,SOURCE,QUESTIONS,CONVERT FLAGS,BANK FLAGS)
+bank_source = $(BIN)/python bench/convert_datasets.py --data $(DATA) --sources $(1) --per-source $(2) --seed 2 $(3) --out $(OUT)/bank_$(1).jsonl && \
+	{ test -e $(OUT)/bank_qwen_$(1).jsonl || test ! -d $(BANKS)/$(1) || $(BIN)/python bench/bank_shards.py unpack $(BANKS)/$(1) $(OUT)/bank_qwen_$(1).jsonl; } && \
+	$(BIN)/satisfice evaluator bank --batch --resume --dataset $(OUT)/bank_$(1).jsonl --out $(OUT)/bank_qwen_$(1).jsonl --samples 8 $(4)
 default-calibrator: $(STAMP)
 	mkdir -p $(OUT)
-	$(BIN)/python bench/convert_datasets.py --data $(DATA) --sources arc_challenge --per-source 240 --seed 2 --out $(OUT)/bank_arc.jsonl
-	$(BIN)/satisfice evaluator bank --batch --dataset $(OUT)/bank_arc.jsonl --out $(OUT)/bank_qwen_arc.jsonl --samples 8 --max-tokens 16
-	for source in $(BANK_SOURCES); do \
-	  $(BIN)/python bench/convert_datasets.py --data $(DATA) --sources $$source --per-source 30 --seed 2 --as-asked --out $(OUT)/bank_$$source.jsonl && \
-	  $(BIN)/satisfice evaluator bank --batch --dataset $(OUT)/bank_$$source.jsonl --out $(OUT)/bank_qwen_$$source.jsonl --samples 8 --max-tokens 384 --seed 1000 || exit 1; \
-	done
-	$(BIN)/python bench/split_runs.py $(OUT)/bank_qwen_arc.jsonl $(BANK_SOURCES:%=$(OUT)/bank_qwen_%.jsonl) --held-out-share 0.5 --fit $(OUT)/bank_qwen_fit.jsonl --held-out $(OUT)/bank_qwen_held.jsonl
+	$(call bank_source,arc_challenge,240,,--max-tokens 16)
+	$(call bank_source,multiarith,30,--as-asked,--max-tokens 384 --seed 1000)
+	$(call bank_source,gsm8k,200,--as-asked,--max-tokens 384 --seed 1000)
+	$(BIN)/python bench/split_runs.py $(BANK_SOURCES:%=$(OUT)/bank_qwen_%.jsonl) --held-out-share 0.5 --fit $(OUT)/bank_qwen_fit.jsonl --held-out $(OUT)/bank_qwen_held.jsonl
 	$(BIN)/satisfice evaluator fit --runs $(OUT)/bank_qwen_fit.jsonl --k 1 2 4 6 8 --features vote_share majority_probability mean_logprob kind_choice kind_number --out evaluator/data/default.calibrator
+
+pack-banks: $(STAMP)
+	$(foreach source,$(BANK_SOURCES),test ! -e $(OUT)/bank_qwen_$(source).jsonl || $(BIN)/python bench/bank_shards.py pack $(OUT)/bank_qwen_$(source).jsonl $(BANKS)/$(source);)
 
 # The cache's verifier, shipped in cache/data: a pair model trained on the public QQP
 # and PAWS-Wiki fit splits (bench/verifier_data.py keeps every report pair out), then

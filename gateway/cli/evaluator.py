@@ -22,7 +22,7 @@ from engines import Engine, create_engine
 from engines.base import SamplingParams
 from engines.settings import LlamaCppSettings
 from evaluator.answers import read_questions
-from evaluator.bank import bank
+from evaluator.bank import bank, banked_so_far
 from evaluator.calibration import ISOTONIC_MIN_LABELS, write_calibrator
 from evaluator.collect import collect
 from evaluator.runs import read_runs
@@ -90,12 +90,24 @@ def evaluator_bank(args: argparse.Namespace) -> int:
         top_logprobs=args.top_logprobs,
     )
     encoder = msgspec.json.Encoder()
+    out_path = Path(args.out)
+    done = 0
+    if args.resume:
+        try:
+            done = banked_so_far(out_path, questions)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        if done:
+            print(
+                f"{out_path} holds {done} runs; banking from question {done + 1}", file=sys.stderr
+            )
 
     async def run(out: BinaryIO) -> None:
         await engine.start()
-        started, tokens, number = time.perf_counter(), 0, 0
+        started, tokens, number = time.perf_counter(), 0, done
         try:
-            async for banked in bank(engine, questions, params):
+            async for banked in bank(engine, questions[done:], params, first=done + 1):
                 out.write(encoder.encode(banked) + b"\n")
                 out.flush()
                 number += 1
@@ -106,8 +118,9 @@ def evaluator_bank(args: argparse.Namespace) -> int:
         finally:
             await engine.close()
 
-    # Each run is written as soon as it is known: a long bank that stops keeps them.
-    with Path(args.out).open("wb") as out:
+    # Each run is written as soon as it is known: a long bank that stops keeps them,
+    # and --resume goes on from them.
+    with out_path.open("ab" if args.resume else "wb") as out:
         asyncio.run(run(out))
     print(f"wrote {args.out}: {len(questions)} runs of {args.samples} samples")
     return 0
@@ -199,6 +212,11 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     banked.add_argument("--limit", type=int, default=0, help="first N questions only")
     banked.add_argument(
         "--batch", action="store_true", help="a question's samples as one llama.cpp batch"
+    )
+    banked.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the runs already in --out (checked against the dataset) and bank the rest",
     )
     banked.add_argument("--config")
     banked.set_defaults(run=evaluator_bank)
