@@ -109,7 +109,7 @@ default-router: $(STAMP)
 # the held-out half is what docs/benchmarks.md reports the loop on.
 #
 # Banking it all takes about 6 hours on 2 cores, nearly all of it the worked answers,
-# so the bank is kept in the repository as gzip shards under $(BANKS) (bench/bank_shards.py)
+# so the bank is kept in the repository as xz shards under $(BANKS) (bench/bank_shards.py)
 # and banking resumes from them: with every shard in place this target only splits and
 # fits. After banking more, `make pack-banks` writes the new runs into new shards.
 BANKS := bench/banks

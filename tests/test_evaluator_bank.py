@@ -108,8 +108,8 @@ def test_shards_hold_each_run_once_and_join_back_into_the_bank(tmp_path: Path) -
     assert bank_shards.main(["pack", str(bank), str(shards)]) == 0
     assert bank_shards.main(["pack", str(bank), str(shards)]) == 0  # nothing new: no shard
     assert [p.name for p in bank_shards.shards(shards)] == [
-        "0001-0002.jsonl.gz",
-        "0003-0005.jsonl.gz",
+        "0001-0002.jsonl.xz",
+        "0003-0005.jsonl.xz",
     ]
     joined = tmp_path / "joined.jsonl"
     assert bank_shards.main(["unpack", str(shards), str(joined)]) == 0
