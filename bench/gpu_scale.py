@@ -127,18 +127,19 @@ def faiss_search(n: int, gpu: Any) -> Row:
     }
 
 
-def faiss_gpu() -> tuple[Any | None, str]:
-    """FAISS's GPU resources through the cache's own helper, or why there are none."""
+def faiss_gpu() -> tuple[bool, Any | None, str]:
+    """Whether FAISS loads, its GPU resources through the cache's own helper (None
+    where it sees no GPU), and what was found, in words."""
     try:
         import faiss
 
         from router.index import gpu_resources
     except (ImportError, OSError) as error:  # a GPU build whose CUDA libraries are missing
-        return None, f"FAISS does not load: {error}"
+        return False, None, f"FAISS does not load: {error}"
     resources = gpu_resources("gpu")
     if resources is None:
-        return None, f"FAISS {faiss.__version__} sees no GPU"
-    return resources, f"FAISS {faiss.__version__}, {faiss.get_num_gpus()} GPU"
+        return True, None, f"FAISS {faiss.__version__} sees no GPU"
+    return True, resources, f"FAISS {faiss.__version__}, {faiss.get_num_gpus()} GPU"
 
 
 def random_copy(model_dir: Path, into: Path) -> Path:
@@ -203,11 +204,11 @@ def main() -> None:
         print(json.dumps(row), flush=True)
 
     rows: list[Row] = []
-    device = torch.cuda.get_device_name()
-    print(f"{device}, torch {torch.__version__}, {torch.get_num_threads()} CPU threads")
-    resources, faiss_status = faiss_gpu()
+    gpu_name = torch.cuda.get_device_name()
+    print(f"{gpu_name}, torch {torch.__version__}, {torch.get_num_threads()} CPU threads")
+    faiss_loads, resources, faiss_status = faiss_gpu()
     print(faiss_status, flush=True)
-    if resources is not None or "sees no GPU" in faiss_status:
+    if faiss_loads:
         report(faiss_search(min(args.sizes), None))
     report(torch_search(min(args.sizes), torch.float32, "cpu"))
     for n in args.sizes:
