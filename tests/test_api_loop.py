@@ -232,7 +232,7 @@ def test_other_conversations_are_left_alone(loop_url: str) -> None:
         f"{loop_url}/v1/chat/completions",
         json={
             "model": "auto",
-            "messages": [{"role": "user", "content": "Is ice cold?"}],
+            "messages": [QUESTION],
             "user": "reader-2",
         },
         headers=WITHIN_TIMEOUT,
