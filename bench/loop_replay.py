@@ -9,8 +9,9 @@ stdout, the report to ``--out-json`` and accuracy against tokens to ``--plot``.
         --out-json bench/out/loop_replay.json --plot docs/img/loop_replay.png
 
 P(correct) is held out: each question's comes from a calibrator fitted on the other
-``--folds`` folds of questions only, unless ``--calibrator`` names a file to use for
-all of them. Samples are replayed in ``--orders`` seeded random orders per question.
+``--folds`` folds of questions only (on ``--features``, with ``--isotonic-min``, as
+``satisfice evaluator fit`` takes them), unless ``--calibrator`` names a file to use
+for all of them. Samples are replayed in ``--orders`` seeded random orders per question.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from evaluator.calibration import read_calibrator
+from evaluator.calibration import ISOTONIC_MIN_LABELS, read_calibrator
 from evaluator.policy import LoopSettings
 from evaluator.replay import DEFAULT_ORDERS
 from evaluator.replay_report import DEFAULT_KS, finite, plot, render, replay_bank
 from evaluator.runs import read_runs
+from evaluator.signals import DEFAULT_FEATURES, FEATURES
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -42,6 +44,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         nargs="+",
         default=list(DEFAULT_KS),
         help="k the fold calibrators are fitted at (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--features",
+        nargs="+",
+        choices=FEATURES,
+        default=list(DEFAULT_FEATURES),
+        metavar="SIGNAL",
+        help="signals the fold calibrators use (default: all but probe_streak)",
+    )
+    parser.add_argument(
+        "--isotonic-min",
+        type=int,
+        default=ISOTONIC_MIN_LABELS,
+        help="labels a fold calibrator needs before isotonic regression goes on top "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--branches", type=int, default=LoopSettings().branches, help="branches per round"
@@ -75,6 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             branches=args.branches,
             orders=args.orders,
             max_rounds=args.max_rounds,
+            features=args.features,
+            isotonic_min=args.isotonic_min,
         )
     except ValueError as exc:  # a bad bank or calibrator, or too few samples or questions
         raise SystemExit(f"error: {exc}") from exc

@@ -43,7 +43,7 @@ import msgspec
 import numpy as np
 from msgspec.structs import replace
 
-from evaluator.calibration import Calibrator, fit, measure, roc_auc
+from evaluator.calibration import ISOTONIC_MIN_LABELS, Calibrator, fit, measure, roc_auc
 from evaluator.policy import LoopSettings
 from evaluator.replay import (
     NO_BUDGET,
@@ -61,6 +61,7 @@ from evaluator.runs import Run
 from evaluator.signals import (
     DEFAULT_FEATURES,
     DEFAULT_SETTINGS,
+    FeatureName,
     MissingSignal,
     Signals,
     majority,
@@ -176,39 +177,55 @@ def curve(name: str, points: list[Point], reference: Point, questions: int) -> C
 # --- the run ---------------------------------------------------------------------------
 
 
-def _readable(signals: Signals) -> bool:
+def _readable(signals: Signals, features: Sequence[FeatureName] = DEFAULT_FEATURES) -> bool:
     try:
-        signals.features(DEFAULT_FEATURES)
+        signals.features(features)
     except MissingSignal:
         return False
     return True
 
 
 def cross_fit(
-    questions: Sequence[Question], ks: Sequence[int], folds: int, seed: int
+    questions: Sequence[Question],
+    ks: Sequence[int],
+    folds: int,
+    seed: int,
+    features: Sequence[FeatureName] = DEFAULT_FEATURES,
+    isotonic_min: int = ISOTONIC_MIN_LABELS,
 ) -> dict[str, Any]:
     """Give each question a calibrator fitted on the other folds' questions only: its
     rows come from the same branch orders as the replay's, and every order of one
-    question falls in the same fold."""
+    question falls in the same fold. ``features`` and ``isotonic_min`` as in
+    ``satisfice evaluator fit``, so that settings are chosen with the calibrator that
+    will ship."""
     runs = sorted({q.index for q in questions})
     if not 2 <= folds <= len(runs):
         raise ValueError(f"folds must be within 2..{len(runs)} (one question each at least)")
     settings = questions[0].settings
     data = training_set([q.run for q in questions], ks, settings)
     # A row whose k branches all came back empty has no token signals to fit on.
-    usable = [i for i, signals in enumerate(data.signals) if _readable(signals)]
-    rows = np.array([data.signals[i].features(DEFAULT_FEATURES) for i in usable])
+    usable = [i for i, signals in enumerate(data.signals) if _readable(signals, features)]
+    rows = np.array([data.signals[i].features(features) for i in usable])
     labels = np.array([data.labels[i] for i in usable], dtype=np.float64)
     groups = np.array([questions[data.groups[i]].index for i in usable])
     order = np.random.default_rng(seed).permutation(runs)
     for fold in np.array_split(order, folds):
         test = np.isin(groups, fold)
-        model = fit(rows[~test], labels[~test], DEFAULT_FEATURES, signals=settings, seed=seed)
+        model = fit(
+            rows[~test],
+            labels[~test],
+            features,
+            signals=settings,
+            isotonic_min=isotonic_min,
+            seed=seed,
+        )
         for q in questions:
             if q.index in fold:
                 q.calibrator = model
     return {
         "kind": "cross-fitted",
+        "features": list(features),
+        "isotonic_min": isotonic_min,
         "folds": folds,
         "k": list(ks),
         "rows": len(labels),
@@ -334,10 +351,12 @@ def replay_bank(
     branches: int,
     orders: int,
     max_rounds: int | None = None,
+    features: Sequence[FeatureName] = DEFAULT_FEATURES,
+    isotonic_min: int = ISOTONIC_MIN_LABELS,
 ) -> dict[str, Any]:
     """The whole report as builtins: every policy's curve, the reference, accuracy per
     source, and how P(correct) was calibrated (``calibrator`` for every question, or
-    one cross-fitted per fold of ``folds`` at ``ks``). Stopping rules take up to
+    one cross-fitted per fold of ``folds`` at ``ks`` on ``features``). Stopping rules take up to
     ``max_rounds`` rounds of ``branches`` (as a config's loop would), or as many as the
     samples hold. NaN where a figure is undefined: ``finite`` makes it JSON."""
     samples = min(len(r.samples) for r in runs)
@@ -349,11 +368,14 @@ def replay_bank(
             raise ValueError(f"max_rounds must be at least 1, not {max_rounds}")
         rounds = min(rounds, max_rounds)
     settings = calibrator.signals if calibrator is not None else DEFAULT_SETTINGS
+    # Only samples that fill a window can be stopped by the filter; a letter answer's
+    # lone partial group would drag the percentiles below anything a long trace reaches.
     lowest = [
         s
         for run in runs
         for sample in run.samples[:samples]
-        if (s := trace_confidence(sample.logprobs, settings).lowest_group) is not None
+        if len(sample.logprobs) >= settings.group_window
+        and (s := trace_confidence(sample.logprobs, settings).lowest_group) is not None
     ]
     cutoffs = (
         {f"p{p}": float(np.percentile(lowest, p)) for p in PRUNE_PERCENTILES} if lowest else {}
@@ -369,7 +391,7 @@ def replay_bank(
         calibration: dict[str, Any] = {"kind": "fixed file", "trained_on": calibrator.trained_on}
     else:
         usable = sorted(k for k in ks if k <= samples)
-        calibration = cross_fit(questions, usable, folds, seed)
+        calibration = cross_fit(questions, usable, folds, seed, features, isotonic_min)
 
     reference_answers = [majority(q.answers) for q in questions]
     swept = {

@@ -18,7 +18,13 @@ from evaluator import replay, replay_report
 from evaluator.calibration import Calibrator
 from evaluator.policy import LoopSettings
 from evaluator.runs import Run, RunAlternative, RunSample, RunToken, read_runs, write_runs
-from evaluator.signals import DEFAULT_FEATURES, DEFAULT_SETTINGS, SignalSettings, majority
+from evaluator.signals import (
+    DEFAULT_FEATURES,
+    DEFAULT_SETTINGS,
+    FeatureName,
+    SignalSettings,
+    majority,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "loop_replay.py"
@@ -375,3 +381,40 @@ def test_stopping_rules_take_no_more_rounds_than_the_config_allows(tmp_path: Pat
         replay_report.replay_bank(
             runs, calibrator=None, folds=2, ks=[1], seed=0, branches=2, orders=1, max_rounds=0
         )
+
+
+def test_fold_calibrators_take_the_signals_and_isotonic_step_they_are_given(
+    tmp_path: Path,
+) -> None:
+    """Settings are chosen with calibrators like the one that will ship."""
+    bank = tmp_path / "bank.jsonl"
+    synthetic_bank(bank)
+    runs = read_runs(bank).runs
+    questions = [replay.Question(i, run, DEFAULT_SETTINGS, []) for i, run in enumerate(runs)]
+    features: tuple[FeatureName, ...] = ("vote_share", "kind_number")
+    report = replay_report.cross_fit(questions, [1, 4, 8], 2, 0, features, isotonic_min=1)
+    assert (report["features"], report["isotonic_min"]) == (list(features), 1)
+    calibrators = [q.calibrator for q in questions if q.calibrator is not None]
+    assert len(calibrators) == len(questions)
+    assert all(c.features == list(features) and c.isotonic_x for c in calibrators)
+    replay_report.cross_fit(questions, [1, 4, 8], 2, 0, features, isotonic_min=10**6)
+    assert not any(q.calibrator is None or q.calibrator.isotonic_x for q in questions)
+
+
+def test_prune_cutoffs_come_from_samples_long_enough_to_be_cut() -> None:
+    """A letter answer's lone partial window is not a trace the filter could stop; it
+    must not set the cut-off that long traces are held to."""
+    window = DEFAULT_SETTINGS.group_window
+    long = [sample("7", [c] * window) for c in (1.0, 2.0, 3.0, 4.0)]
+    short = [sample("7", [0.1]) for _ in range(4)]
+    run = Run(id="q", kind="number", answers=["7"], samples=tuple(long + short))
+    report = replay_report.replay_bank(
+        [run],
+        calibrator=vote_share_calibrator(),
+        folds=2,
+        ks=[1],
+        seed=0,
+        branches=2,
+        orders=1,
+    )
+    assert report["prune_cutoffs"]["p10"] == pytest.approx(1.3)  # of 1, 2, 3 and 4 alone
