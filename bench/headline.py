@@ -257,9 +257,9 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         arms.append(run_arm(name, questions, args.escalate_below))
         print(f"{name}: {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+        if args.json:  # after every arm: a run of hours keeps what it measured
+            Path(args.json).write_text(json.dumps(arms, indent=1) + "\n")
     print(render(arms))
-    if args.json:
-        Path(args.json).write_text(json.dumps(arms, indent=1) + "\n")
     if args.plot:
         plot(arms, args.plot)
     return 0

@@ -10,7 +10,11 @@ They should agree within sampling noise: accuracy (95% Wilson intervals), comple
 tokens and rounds per question, and the stop reasons.
 
     .venv/bin/python bench/loop_live.py --runs bench/out/bank.jsonl --per-source 20 \\
-        [--max-tokens 16] [--json bench/out/loop_live.json]
+        [--skip 20] [--max-tokens 16] [--json bench/out/loop_live.json]
+
+Each question is also compared with itself: live less replayed rounds, correctness and
+P, with the standard error over questions, which says "within noise" more sharply
+than two intervals that overlap.
 """
 
 from __future__ import annotations
@@ -41,13 +45,13 @@ from gateway.config import load_config
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def subset(runs: list[Run], per_source: int) -> list[Run]:
-    """The first ``per_source`` runs of each source, in bank order."""
-    taken: Counter[str] = Counter()
+def subset(runs: list[Run], per_source: int, skip: int = 0) -> list[Run]:
+    """``per_source`` runs of each source, in bank order, after its first ``skip``."""
+    seen: Counter[str] = Counter()
     chosen = []
     for run in runs:
-        if taken[run.source] < per_source:
-            taken[run.source] += 1
+        seen[run.source] += 1
+        if skip < seen[run.source] <= skip + per_source:
             chosen.append(run)
     return chosen
 
@@ -77,6 +81,7 @@ async def live(
                 {
                     "id": run.id,
                     "source": run.source,
+                    "kind": trace.kind,  # as the loop read the question
                     "correct": is_correct(run.question, result.text),
                     "tokens": trace.tokens,
                     "rounds": len(trace.rounds),
@@ -107,6 +112,7 @@ def predicted(
             outcome = rule(q)
             rows.append(
                 {
+                    "id": run.id,
                     "source": run.source,
                     "correct": outcome.correct,
                     "tokens": outcome.tokens,
@@ -131,10 +137,29 @@ def summary(rows: list[dict[str, Any]], questions: int) -> dict[str, Any]:
     }
 
 
+def paired(live_rows: list[dict[str, Any]], replay_rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per question, live less the mean of its replayed orders: the mean difference of
+    rounds, correctness and P over questions, each with its standard error."""
+    replayed: dict[str, list[dict[str, Any]]] = {}
+    for row in replay_rows:
+        replayed.setdefault(row["id"], []).append(row)
+    out: dict[str, Any] = {}
+    for key in ("rounds", "correct", "confidence"):
+        gaps = [
+            r[key] - statistics.mean(float(o[key]) for o in replayed[r["id"]]) for r in live_rows
+        ]
+        error = statistics.stdev(gaps) / len(gaps) ** 0.5 if len(gaps) > 1 else float("nan")
+        out[key] = {"difference": statistics.mean(gaps), "standard_error": error}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", default=str(ROOT / "bench/out/bank.jsonl"))
     parser.add_argument("--per-source", type=int, default=20)
+    parser.add_argument(
+        "--skip", type=int, default=0, help="leave out each source's first N questions"
+    )
     parser.add_argument("--orders", type=int, default=DEFAULT_ORDERS)
     parser.add_argument(
         "--max-tokens",
@@ -149,11 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     assert config.loop is not None, "the default config has a loop"
     settings = config.loop
     calibrator = read_calibrator(calibrator_file(settings.calibrator or "bundled"))
-    runs = subset(read_runs(args.runs).runs, args.per_source)
+    runs = subset(read_runs(args.runs).runs, args.per_source, args.skip)
     started = time.perf_counter()
     models_dir = Path(config.models_dir).expanduser()
     live_rows = asyncio.run(live(runs, settings, calibrator, models_dir, args.max_tokens))
     seconds = time.perf_counter() - started
+    replay_rows = predicted(runs, settings, calibrator, args.orders)
     report: dict[str, Any] = {
         "questions": len(runs),
         "settings": msgspec.to_builtins(settings),
@@ -162,7 +188,10 @@ def main(argv: list[str] | None = None) -> int:
             "seconds": seconds,
             "stops": dict(Counter(r["stop"] for r in live_rows)),
         },
-        "replay": summary(predicted(runs, settings, calibrator, args.orders), len(runs)),
+        "replay": summary(replay_rows, len(runs)),
+        "live_less_replay": paired(live_rows, replay_rows),
+        "kinds_read": dict(Counter(r["kind"] for r in live_rows)),
+        "live_rows": live_rows,
     }
     for name in ("live", "replay"):
         row = report[name]
@@ -172,7 +201,16 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['mean_tokens']:.1f} tokens, {row['mean_rounds']:.2f} rounds, "
             f"mean P {row['mean_confidence']:.3f} per question"
         )
-    print(f"live stops: {report['live']['stops']}, {seconds:.0f} s")
+    gaps = report["live_less_replay"]
+    print(
+        "live less replay, per question (standard error): "
+        + ", ".join(
+            f"{key} {gaps[key]['difference']:+.3f} ({gaps[key]['standard_error']:.3f})"
+            for key in ("rounds", "correct", "confidence")
+        )
+    )
+    print(f"live stops: {report['live']['stops']}, kinds read: {report['kinds_read']}")
+    print(f"{seconds:.0f} s")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
     return 0

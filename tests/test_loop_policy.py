@@ -183,6 +183,14 @@ def test_hard_questions_get_more_branches() -> None:
         ("25-759=", "number"),
         ("Who wrote Hamlet?", "text"),
         ("What is the capital of Spain?", "text"),
+        # Word problems ask for quantities in more ways than "how many".
+        ("Bo has 40 crabs and Al twice that. Calculate the total number of crabs.", "number"),
+        ("She earns $20 an hour for 35 hours a week. What's her weekly salary?", "number"),
+        ("Of 80 votes the winner got 3/4. What percentage did the loser get?", "number"),
+        ("Albert is 36 inches tall. How tall was Jackie?", "number"),
+        # ... but the same words without a numeral to work with are not one.
+        ("What is the average lifespan of a house cat?", "text"),
+        ("What change was made to the logo?", "text"),
     ],
 )
 def test_infer_kind(question: str, kind: str) -> None:
@@ -208,3 +216,25 @@ def test_infer_kind_reads_the_public_sets_as_their_graders_do() -> None:
     agree = sum(infer_kind(q.prompt) == q.kind for q in questions)
     # TriviaQA's "how many ..." questions read as numbers, which is what they ask.
     assert agree / len(questions) >= 0.97
+
+
+def test_infer_kind_reads_word_problems_as_a_user_asks_them_as_numbers() -> None:
+    """As a user asks them (no "answer with the number only"), the question alone must
+    say that a number is wanted, or the loop votes on whole sentences."""
+    if not SHARED.is_dir():
+        pytest.skip(f"{SHARED} is not here (the shared evaluation data)")
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "questions.jsonl"
+        subprocess.run(
+            [sys.executable, "bench/convert_datasets.py", "--data", str(SHARED),
+             "--per-source", "300", "--as-asked", "--out", str(out),
+             "--sources", "gsm8k,multiarith,addsub,singleeq"],
+            check=True, capture_output=True, cwd=Path(__file__).resolve().parents[1],
+        )  # fmt: skip
+        questions = read_questions(out)
+    numbers = sum(infer_kind(q.prompt) == "number" for q in questions)
+    assert numbers / len(questions) >= 0.98
