@@ -18,8 +18,10 @@ and the seconds the client waited. The questions are the held-out part of a trac
 bank (bench/split_runs.py), less any the shipped router was fitted on.
 
     .venv/bin/python bench/headline.py --runs bench/out/bank_qwen_held.jsonl \\
-        [--per-source 20] [--arms always-small router+loop ...] [--escalate-below 0.5] \\
-        [--json bench/out/headline.json] [--plot docs/img/headline.png]
+        [--per-source 20] [--skip 0] [--arms always-small router+loop ...] \\
+        [--escalate-below 0.5] [--json bench/out/headline.json] [--plot docs/img/headline.png]
+    .venv/bin/python bench/headline.py --from-json bench/out/headline*.json \\
+        --plot docs/img/headline.png       # runs kept, on other questions, as one
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import yaml
 from openai import OpenAI
 
 from evaluator.answers import LabelledQuestion, is_correct
+from evaluator.replay_report import wilson
 from evaluator.runs import read_runs
 from router.model_file import read_router
 from router.router import router_file
@@ -90,18 +93,29 @@ def arm_config(name: str, escalate_below: float) -> str:
     return yaml.safe_dump(config)
 
 
-def held_out_questions(runs_file: str, per_source: int) -> list[LabelledQuestion]:
-    """The bank's questions, up to ``per_source`` of each source in file order, less the
-    prompts the shipped router was fitted on (it has seen their outcomes)."""
+def held_out_questions(runs_file: str, per_source: int, skip: int = 0) -> list[LabelledQuestion]:
+    """The bank's questions, ``per_source`` of each source in file order after its
+    first ``skip``, less the prompts the shipped router was fitted on (it has seen
+    their outcomes)."""
     fitted_on = set(read_router(router_file(RouterSettings())).prompts)
-    taken: Counter[str] = Counter()
+    seen: Counter[str] = Counter()
     chosen = []
     for run in read_runs(runs_file).runs:
-        if run.prompt in fitted_on or taken[run.source] >= per_source:
+        if run.prompt in fitted_on:
             continue
-        taken[run.source] += 1
-        chosen.append(run.question)
+        seen[run.source] += 1
+        if skip < seen[run.source] <= skip + per_source:
+            chosen.append(run.question)
     return chosen
+
+
+def merged(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Several runs' arms as one: each arm's questions from every run that has it."""
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for arms in runs:
+        for arm in arms:
+            rows.setdefault(arm["arm"], []).extend(arm["rows"])
+    return [summary(name, arm_rows) for name, arm_rows in rows.items()]
 
 
 def _free_port() -> int:
@@ -226,28 +240,55 @@ def plot(arms: list[dict[str, Any]], path: str) -> None:
         (axes[0], "mean_tokens", "tokens sampled per question"),
         (axes[1], "mean_seconds", "seconds per question"),
     ):
+        placed: Counter[tuple[float, float]] = Counter()
         for a in arms:
-            ax.scatter(a[key], 100 * a["accuracy"], s=60)
-            ax.annotate(a["arm"], (a[key], 100 * a["accuracy"]), textcoords="offset points",
-                        xytext=(6, 4), fontsize=9)  # fmt: skip
+            x, y = a[key], 100 * a["accuracy"]
+            # 95% interval over questions: with tens of questions it is most of the story.
+            low, high = wilson(round(a["accuracy"] * a["questions"]), a["questions"])
+            ax.errorbar(x, y, yerr=[[y - 100 * low], [100 * high - y]], fmt="o", capsize=4)
+            # Arms on the same point (the router sent everything one way) get stacked labels.
+            stacked = placed[(round(x), round(y))]
+            placed[(round(x), round(y))] += 1
+            ax.annotate(a["arm"], (x, y), textcoords="offset points",
+                        xytext=(6, 4 - 11 * stacked), fontsize=9)  # fmt: skip
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("accuracy on held-out questions (%)")
-    figure.suptitle(f"Through a real gateway, {arms[0]['questions']} held-out questions")
+    figure.suptitle(
+        f"Through a real gateway, {arms[0]['questions']} held-out questions (95% intervals)"
+    )
     figure.tight_layout()
     figure.savefig(path, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", required=True, help="held-out part of a trace bank")
+    parser.add_argument("--runs", help="held-out part of a trace bank (needed to run arms)")
     parser.add_argument("--per-source", type=int, default=20)
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     parser.add_argument("--escalate-below", type=float, default=0.5)
     parser.add_argument("--json")
     parser.add_argument("--plot")
+    parser.add_argument(
+        "--skip", type=int, default=0, help="leave out each source's first N questions"
+    )
+    parser.add_argument(
+        "--from-json",
+        nargs="+",
+        help="render earlier runs' --json (on other questions: --skip) as one; run nothing",
+    )
     args = parser.parse_args(argv)
-    questions = held_out_questions(args.runs, args.per_source)
+    if args.from_json:
+        arms = merged([json.loads(Path(path).read_text()) for path in args.from_json])
+        if args.json:
+            Path(args.json).write_text(json.dumps(arms, indent=1) + "\n")
+        print(render(arms))
+        if args.plot:
+            plot(arms, args.plot)
+        return 0
+    if not args.runs:
+        parser.error("--runs is needed to run arms")
+    questions = held_out_questions(args.runs, args.per_source, args.skip)
     if not questions:
         parser.error(f"no questions in {args.runs} that the router was not fitted on")
     print(f"{len(questions)} questions: {dict(Counter(q.source for q in questions))}",

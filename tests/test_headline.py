@@ -45,3 +45,18 @@ def test_questions_the_router_was_fitted_on_are_left_out(tmp_path: Path) -> None
     asked = headline.held_out_questions(str(bank), per_source=5)
     assert [q.prompt for q in asked] == [runs[1].prompt, runs[2].prompt]
     assert len(headline.held_out_questions(str(bank), per_source=1)) == 1
+    # A second run asks the questions after the first's.
+    later = headline.held_out_questions(str(bank), per_source=1, skip=1)
+    assert [q.prompt for q in later] == [runs[2].prompt]
+
+
+def test_runs_on_other_questions_merge_arm_by_arm() -> None:
+    def row(correct: bool, tokens: float) -> dict[str, object]:
+        return {"source": "s", "correct": correct, "tokens": tokens, "seconds": 1.0,
+                "route": "loop", "escalated": False, "fallback": "none"}  # fmt: skip
+
+    first = [headline.summary("router+loop", [row(True, 10.0)])]
+    second = [headline.summary("router+loop", [row(False, 30.0), row(False, 20.0)])]
+    (arm,) = headline.merged([first, second])
+    assert (arm["arm"], arm["questions"], arm["mean_tokens"]) == ("router+loop", 3, 20.0)
+    assert arm["accuracy"] == 1 / 3
