@@ -72,8 +72,11 @@ def pattern(round_: int, answers: Sequence[str | None]) -> Pattern:
 def best_rule(cases: Sequence[Case], rounds: int, price: float) -> set[Pattern]:
     """The votes after which to stop that maximise mean accuracy less ``price`` per
     token, deciding from the vote alone: from the last round back, a vote stops when
-    its questions' majority now is worth more than what drawing on is worth to them."""
-    # What each case is worth from the end of round r on, under the rule so far.
+    its questions' majority now is worth more than what drawing on is worth to them.
+    A vote's decision weighs every question that shows it, also those an earlier stop
+    would have ended first (which are only decided later, going back): near the best
+    rule of its kind, not exactly it."""
+    # What each case is worth once the next round is drawn, under the rule so far.
     worth = [float(c.right[-1]) for c in cases]
     stop: set[Pattern] = set()
     for r in reversed(range(rounds - 1)):
