@@ -356,9 +356,9 @@ def replay_bank(
 ) -> dict[str, Any]:
     """The whole report as builtins: every policy's curve, the reference, accuracy per
     source, and how P(correct) was calibrated (``calibrator`` for every question, or
-    one cross-fitted per fold of ``folds`` at ``ks`` on ``features``). Stopping rules take up to
-    ``max_rounds`` rounds of ``branches`` (as a config's loop would), or as many as the
-    samples hold. NaN where a figure is undefined: ``finite`` makes it JSON."""
+    one cross-fitted per fold of ``folds`` at ``ks`` on ``features``). Stopping rules
+    take up to ``max_rounds`` rounds of ``branches`` (as a config's loop would), or as
+    many as the samples hold. NaN where a figure is undefined: ``finite`` makes it JSON."""
     samples = min(len(r.samples) for r in runs)
     rounds = samples // branches
     if rounds < 1:
