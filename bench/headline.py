@@ -47,7 +47,7 @@ from openai import OpenAI
 
 from evaluator.answers import LabelledQuestion, is_correct
 from evaluator.replay_report import wilson
-from evaluator.runs import read_runs
+from evaluator.runs import read_runs, take_per_source
 from router.model_file import read_router
 from router.router import router_file
 from router.settings import RouterSettings
@@ -98,15 +98,8 @@ def held_out_questions(runs_file: str, per_source: int, skip: int = 0) -> list[L
     first ``skip``, less the prompts the shipped router was fitted on (it has seen
     their outcomes)."""
     fitted_on = set(read_router(router_file(RouterSettings())).prompts)
-    seen: Counter[str] = Counter()
-    chosen = []
-    for run in read_runs(runs_file).runs:
-        if run.prompt in fitted_on:
-            continue
-        seen[run.source] += 1
-        if skip < seen[run.source] <= skip + per_source:
-            chosen.append(run.question)
-    return chosen
+    unseen = (run for run in read_runs(runs_file).runs if run.prompt not in fitted_on)
+    return [run.question for run in take_per_source(unseen, per_source, skip)]
 
 
 def merged(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:

@@ -39,21 +39,10 @@ from evaluator.loop import LoopResult, ReasoningLoop
 from evaluator.policy import LoopSettings
 from evaluator.replay import DEFAULT_ORDERS, Question, branch_orders, loop_rule
 from evaluator.replay_report import wilson
-from evaluator.runs import Run, read_runs
+from evaluator.runs import Run, read_runs, take_per_source
 from gateway.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def subset(runs: list[Run], per_source: int, skip: int = 0) -> list[Run]:
-    """``per_source`` runs of each source, in bank order, after its first ``skip``."""
-    seen: Counter[str] = Counter()
-    chosen = []
-    for run in runs:
-        seen[run.source] += 1
-        if skip < seen[run.source] <= skip + per_source:
-            chosen.append(run)
-    return chosen
 
 
 async def live(
@@ -174,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     assert config.loop is not None, "the default config has a loop"
     settings = config.loop
     calibrator = read_calibrator(calibrator_file(settings.calibrator or "bundled"))
-    runs = subset(read_runs(args.runs).runs, args.per_source, args.skip)
+    runs = take_per_source(read_runs(args.runs).runs, args.per_source, args.skip)
     started = time.perf_counter()
     models_dir = Path(config.models_dir).expanduser()
     live_rows = asyncio.run(live(runs, settings, calibrator, models_dir, args.max_tokens))

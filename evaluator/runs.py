@@ -13,6 +13,8 @@ left out), so that a bank of thousands of samples stays a readable size.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated
 
@@ -76,3 +78,15 @@ def write_runs(runs: list[Run], path: str | Path) -> None:
     with Path(path).open("wb") as out:
         for run in runs:
             out.write(encoder.encode(run) + b"\n")
+
+
+def take_per_source(runs: Iterable[Run], count: int, skip: int = 0) -> list[Run]:
+    """``count`` runs of each source, in order, after that source's first ``skip``: a
+    second benchmark run with ``skip`` set asks other questions than the first."""
+    seen: Counter[str] = Counter()
+    chosen = []
+    for run in runs:
+        seen[run.source] += 1
+        if skip < seen[run.source] <= skip + count:
+            chosen.append(run)
+    return chosen

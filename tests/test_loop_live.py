@@ -1,5 +1,6 @@
-"""bench/loop_live.py's bookkeeping: which questions a run takes, and each question's
-live outcome against its own replayed orders. (The live loop itself runs the bundled
+"""bench/loop_live.py's bookkeeping: which questions a run takes
+(evaluator.runs.take_per_source), and each question's live outcome against its own
+replayed orders. (The live loop itself runs the bundled
 1.5B: a benchmark, not a test.)"""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import math
 
 import pytest
 
-from evaluator.runs import Run
+from evaluator.runs import Run, take_per_source
 from tests.support import bench_script
 
 loop_live = bench_script("loop_live")
@@ -20,11 +21,11 @@ def run(source: str, number: int) -> Run:
 
 def test_a_second_run_skips_the_questions_of_the_first() -> None:
     bank = [run(s, n) for n in range(1, 5) for s in ("arc", "gsm8k")]
-    first = loop_live.subset(bank, 2)
-    second = loop_live.subset(bank, 2, skip=2)
+    first = take_per_source(bank, 2)
+    second = take_per_source(bank, 2, skip=2)
     assert [r.id for r in first] == ["arc-1", "gsm8k-1", "arc-2", "gsm8k-2"]
     assert [r.id for r in second] == ["arc-3", "gsm8k-3", "arc-4", "gsm8k-4"]
-    assert loop_live.subset(bank, 2, skip=4) == []
+    assert take_per_source(bank, 2, skip=4) == []
 
 
 def test_each_question_is_compared_with_its_own_replayed_orders() -> None:

@@ -3,12 +3,15 @@ reading what kind of answer a question wants."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from engines.base import Sample, Timings, TokenLogprob, TopLogprob
-from evaluator.answers import infer_kind, read_questions
+from evaluator.answers import LabelledQuestion, infer_kind, read_questions
 from evaluator.calibration import Calibrator
 from evaluator.policy import LoopSettings, Verdict, stop_reason, tally
 from evaluator.signals import SignalSettings
@@ -197,22 +200,33 @@ def test_infer_kind(question: str, kind: str) -> None:
     assert infer_kind(question) == kind
 
 
-def test_infer_kind_reads_the_public_sets_as_their_graders_do() -> None:
+def test_a_word_problem_after_a_long_preamble_still_asks_for_a_number() -> None:
+    """Only the question's tail is read for a quantity (it asks at its end), and a
+    preamble longer than that tail does not hide the ask."""
+    preamble = "Some context that asks for nothing. " * 200
+    assert infer_kind(preamble + "Bo has 40 crabs. Calculate the total number of crabs.") == (
+        "number"
+    )
+    assert infer_kind("Calculate the total of 3 and 4. " + preamble) == "text"
+
+
+def public_questions(sources: str, per_source: int, *flags: str) -> list[LabelledQuestion]:
+    """Questions of the shared public sets as bench/convert_datasets.py writes them;
+    the test skips where the data is not here."""
     if not SHARED.is_dir():
         pytest.skip(f"{SHARED} is not here (the shared evaluation data)")
-    import subprocess
-    import sys
-    import tempfile
-
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "questions.jsonl"
         subprocess.run(
             [sys.executable, "bench/convert_datasets.py", "--data", str(SHARED),
-             "--per-source", "100", "--out", str(out),
-             "--sources", "arc_easy,boolq,simple_arithmetic,multiarith,gsm8k,triviaqa"],
+             "--per-source", str(per_source), "--sources", sources, *flags, "--out", str(out)],
             check=True, capture_output=True, cwd=Path(__file__).resolve().parents[1],
         )  # fmt: skip
-        questions = read_questions(out)
+        return read_questions(out)
+
+
+def test_infer_kind_reads_the_public_sets_as_their_graders_do() -> None:
+    questions = public_questions("arc_easy,boolq,simple_arithmetic,multiarith,gsm8k,triviaqa", 100)
     agree = sum(infer_kind(q.prompt) == q.kind for q in questions)
     # TriviaQA's "how many ..." questions read as numbers, which is what they ask.
     assert agree / len(questions) >= 0.97
@@ -221,20 +235,6 @@ def test_infer_kind_reads_the_public_sets_as_their_graders_do() -> None:
 def test_infer_kind_reads_word_problems_as_a_user_asks_them_as_numbers() -> None:
     """As a user asks them (no "answer with the number only"), the question alone must
     say that a number is wanted, or the loop votes on whole sentences."""
-    if not SHARED.is_dir():
-        pytest.skip(f"{SHARED} is not here (the shared evaluation data)")
-    import subprocess
-    import sys
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as folder:
-        out = Path(folder) / "questions.jsonl"
-        subprocess.run(
-            [sys.executable, "bench/convert_datasets.py", "--data", str(SHARED),
-             "--per-source", "300", "--as-asked", "--out", str(out),
-             "--sources", "gsm8k,multiarith,addsub,singleeq"],
-            check=True, capture_output=True, cwd=Path(__file__).resolve().parents[1],
-        )  # fmt: skip
-        questions = read_questions(out)
+    questions = public_questions("gsm8k,multiarith,addsub,singleeq", 300, "--as-asked")
     numbers = sum(infer_kind(q.prompt) == "number" for q in questions)
     assert numbers / len(questions) >= 0.98
