@@ -57,7 +57,7 @@ StoreSettings = MemoryStoreSettings | RedisStoreSettings
 class IndexSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Each process's vector index over the cached prompts (FAISS)."""
 
-    # "gpu" needs faiss-gpu-cu12 (the `gpu` extra) and a GPU; without them the CPU
+    # "gpu" needs faiss-gpu (the `gpu` extra) and a GPU; without them the CPU
     # index serves, with a warning at start.
     device: Literal["cpu", "gpu"] = "cpu"
     # Per namespace: exact search up to this many vectors, HNSW beyond (CPU only).

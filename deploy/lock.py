@@ -7,8 +7,10 @@ image), closed over their own requirements, at the versions installed in this
 environment. The project itself, and the dev and bench tools, are left out.
 
 ``requirements-gpu.lock`` (with ``--gpu``): what the ``gpu`` extra adds on top:
-faiss-gpu-cu12 and the CUDA wheels it links to, resolved by pip against the first lock
-(which needs PyPI). The GPU image installs both, with faiss-gpu-cu12 in place of faiss-cpu.
+faiss-gpu, at the first lock's faiss-cpu version, and the CUDA wheels it links to,
+resolved by pip against the first lock (which needs PyPI). The GPU image installs both,
+with faiss-gpu in place of faiss-cpu. Not faiss-gpu-cu12: its kernels stop at sm_80
+(no PTX), so they cannot run on Hopper (H100/H200) or newer; faiss-gpu's reach sm_90.
 """
 
 from __future__ import annotations
@@ -81,7 +83,11 @@ def header(what: str) -> str:
 
 
 def gpu_pins(base: str) -> dict[str, str]:
-    """faiss-gpu-cu12 and what it brings beyond ``base``, as pip resolves them."""
+    """faiss-gpu and what it brings beyond ``base``, as pip resolves them."""
+    lines = [line for line in base.splitlines() if line[:1].isalnum()]
+    pinned = {canonicalize_name(r.name): r for r in map(Requirement, lines)}
+    # The same FAISS release on both images: the gpu one swaps the package, not the API.
+    faiss_gpu = f"faiss-gpu{pinned['faiss-cpu'].specifier}"
     with tempfile.TemporaryDirectory() as scratch:
         constraints = Path(scratch) / "constraints.txt"
         constraints.write_text(base, "utf-8")
@@ -90,18 +96,16 @@ def gpu_pins(base: str) -> dict[str, str]:
             [
                 sys.executable, "-m", "pip", "install", "--quiet", "--dry-run",
                 "--ignore-installed", "--report", str(report),
-                "--constraint", str(constraints), "faiss-gpu-cu12",
+                "--constraint", str(constraints), faiss_gpu,
             ],
             check=True,
         )  # fmt: skip
         installed = json.loads(report.read_text("utf-8"))["install"]
-    base_names = {Requirement(line).name for line in base.splitlines() if line[:1].isalnum()}
-    base_names = {canonicalize_name(n) for n in base_names}
     resolved = {
         canonicalize_name(item["metadata"]["name"]): item["metadata"]["version"]
         for item in installed
     }
-    return {name: version for name, version in resolved.items() if name not in base_names}
+    return {name: version for name, version in resolved.items() if name not in pinned}
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ flat search costs O(n) per query (about 7 ms at 100k on one core), HNSW well und
 a millisecond. HNSW cannot delete, so removed ids are tombstoned, filtered out of
 results and dropped for good at the next rebuild.
 
-With GPU resources (faiss-gpu-cu12, the ``gpu`` extra) the index is an exact flat
+With GPU resources (faiss-gpu, the ``gpu`` extra) the index is an exact flat
 index on the GPU at every size: brute force there beats HNSW on a CPU well into
 millions of vectors. GPU indexes cannot delete either, so they tombstone too.
 """
