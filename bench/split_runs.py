@@ -13,29 +13,10 @@ the same proportions.
 from __future__ import annotations
 
 import argparse
-import random
 import sys
-from collections import defaultdict
 from collections.abc import Sequence
 
-from evaluator.runs import Run, read_runs, write_runs
-
-
-def split(runs: Sequence[Run], share: float, seed: int) -> tuple[list[Run], list[Run]]:
-    """(fitting, held out): ``share`` of each source's runs, rounded, held out."""
-    by_source: dict[str, list[Run]] = defaultdict(list)
-    for run in runs:
-        by_source[run.source].append(run)
-    fitting: list[Run] = []
-    held: list[Run] = []
-    for source in sorted(by_source):
-        shuffled = list(by_source[source])
-        # Seeded by the source too, so adding a source leaves the others' split alone.
-        random.Random(f"{seed}:{source}").shuffle(shuffled)
-        cut = round(len(shuffled) * share)
-        held.extend(shuffled[:cut])
-        fitting.extend(shuffled[cut:])
-    return fitting, held
+from evaluator.runs import read_runs, split_by_source, write_runs
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -55,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         values = [value for run in runs if (value := getattr(run, field))]  # "": no prompt kept
         if len(set(values)) != len(values):
             parser.error(f"two runs share {named}: give each bank file its own questions")
-    fitting, held = split(runs, args.held_out_share, args.seed)
+    fitting, held = split_by_source(runs, args.held_out_share, args.seed)
     for path, part in ((args.fit, fitting), (args.held_out, held)):
         write_runs(part, path)
         print(f"wrote {path}: {len(part)} runs", file=sys.stderr)

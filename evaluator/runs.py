@@ -13,8 +13,9 @@ left out), so that a bank of thousands of samples stays a readable size.
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterable
+import random
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -90,3 +91,20 @@ def take_per_source(runs: Iterable[Run], count: int, skip: int = 0) -> list[Run]
         if skip < seen[run.source] <= skip + count:
             chosen.append(run)
     return chosen
+
+
+def split_by_source(runs: Sequence[Run], share: float, seed: int) -> tuple[list[Run], list[Run]]:
+    """(fitting, held out): ``share`` of each source's runs, rounded, held out."""
+    by_source: dict[str, list[Run]] = defaultdict(list)
+    for run in runs:
+        by_source[run.source].append(run)
+    fitting: list[Run] = []
+    held: list[Run] = []
+    for source in sorted(by_source):
+        shuffled = list(by_source[source])
+        # Seeded by the source too, so adding a source leaves the others' split alone.
+        random.Random(f"{seed}:{source}").shuffle(shuffled)
+        cut = round(len(shuffled) * share)
+        held.extend(shuffled[:cut])
+        fitting.extend(shuffled[cut:])
+    return fitting, held

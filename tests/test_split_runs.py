@@ -1,4 +1,5 @@
-"""bench/split_runs.py: a trace bank split by question into a fitting and a held-out part."""
+"""bench/split_runs.py and evaluator.runs.split_by_source: a trace bank split by question
+into a fitting and a held-out part."""
 
 from __future__ import annotations
 
@@ -8,10 +9,8 @@ from pathlib import Path
 
 import msgspec
 
-from evaluator.runs import Run, RunSample, read_runs
-from tests.support import ROOT, bench_script
-
-split_runs = bench_script("split_runs")
+from evaluator.runs import Run, RunSample, read_runs, split_by_source
+from tests.support import ROOT
 
 
 def _runs(source: str, count: int) -> list[Run]:
@@ -24,16 +23,16 @@ def _runs(source: str, count: int) -> list[Run]:
 
 def test_each_source_is_split_in_proportion_with_no_question_on_both_sides() -> None:
     runs = _runs("gsm8k", 10) + _runs("arc", 30)
-    fitting, held = split_runs.split(runs, 0.4, 0)
+    fitting, held = split_by_source(runs, 0.4, 0)
     assert {r.id for r in fitting}.isdisjoint(r.id for r in held)
     assert len(fitting) + len(held) == len(runs)
     assert [r.source for r in held].count("gsm8k") == 4
     assert [r.source for r in held].count("arc") == 12
     # Reproducible from the seed, and a source's split does not depend on the others.
-    assert split_runs.split(runs, 0.4, 0) == (fitting, held)
-    alone = split_runs.split(_runs("gsm8k", 10), 0.4, 0)[1]
+    assert split_by_source(runs, 0.4, 0) == (fitting, held)
+    alone = split_by_source(_runs("gsm8k", 10), 0.4, 0)[1]
     assert [r.id for r in alone] == [r.id for r in held if r.source == "gsm8k"]
-    assert split_runs.split(runs, 0.4, 1)[1] != held
+    assert split_by_source(runs, 0.4, 1)[1] != held
 
 
 def test_the_script_writes_both_parts_and_refuses_ids_that_repeat(tmp_path: Path) -> None:
