@@ -5,7 +5,9 @@ For each pairs file: one pairwise sweep through the cache's own lookup (each pai
 bound the operating point the shipped calibration gives, the semantic hit rate and
 the share of those hits that were wrong, beside the cosine threshold alone at the
 same files (at 0.92, and at the threshold that serves as many semantic hits).
-`--plot` draws precision and hit rate against the operating point.
+`--plot` draws precision and hit rate against the operating point. `--calibration`
+takes another file from `satisfice cache calibrate` (e.g. one fitted on PAWS's
+calibrate split, to be read on PAWS's held-out pairs).
 
     .venv/bin/python bench/verifier_bound.py bench/out/verifier_qqp_report.jsonl \\
         bench/out/verifier_paws_held.jsonl --plot docs/img/verifier_operating_point.png
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cache.calibration import NEVER, OperatingPoints, read_calibration
+from cache.calibration import BUNDLED, NEVER, OperatingPoints, read_calibration
 from cache.pairs import Sweep, SweepPoint, read_pairs, sweep
 from cache.settings import CacheSettings
 from router.embedder import Embedder, EmbedderSettings
@@ -80,10 +82,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("pairs", nargs="+")
     parser.add_argument("--plot")
+    parser.add_argument(
+        "--calibration", default=str(BUNDLED), help="default: the shipped calibration"
+    )
     args = parser.parse_args()
     embedder = Embedder(EmbedderSettings(threads=2, max_batch=128))
     embedder.load()
-    points = OperatingPoints(read_calibration())
+    points = OperatingPoints(read_calibration(args.calibration))
     report: dict[str, object] = {"calibration": points.calibration.pairs}
     curves: dict[str, Sweep] = {}
     for path in args.pairs:
