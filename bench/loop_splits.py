@@ -1,0 +1,221 @@
+"""The loop's whole recipe over many random splits of a trace bank: how much of one
+held-out figure is the split.
+
+Per split (by question, each source on its own, as bench/split_runs.py does): fit the
+calibrator on the fitting half as `make default-calibrator` does, choose the loop's
+threshold on that half as docs/benchmarks.md's rule says (the fewest tokens at fixed
+k = N's accuracy, with fold calibrators), then replay the held-out half once with that
+calibrator and threshold. What varies between splits is only which questions fall
+where, so the spread of the held-out figures is what one split's figure can be
+trusted to within.
+
+    .venv/bin/python bench/loop_splits.py bench/out/bank_qwen_arc_challenge.jsonl \\
+        bench/out/bank_qwen_gsm8k.jsonl --splits 20 --json bench/out/loop_splits.json
+
+This re-reads the report half of every split, so it measures the recipe's noise; it
+must not choose anything (settings are chosen on the fitting half of each split).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+from msgspec.structs import replace
+
+from evaluator.calibration import Calibrator, expected_calibration_error
+from evaluator.policy import LoopSettings
+from evaluator.replay import NO_BUDGET, Question, branch_orders, fixed_plain, loop_rule
+from evaluator.replay_report import LOOP_THRESHOLDS, Point, cross_fit, point
+from evaluator.runs import Run, read_runs, split_by_source
+from evaluator.signals import DEFAULT_SETTINGS, FeatureName, majority
+from evaluator.training import fit_calibrator
+
+# As `make default-calibrator` fits the shipped calibrator.
+KS = (1, 2, 4, 6, 8)
+FEATURES_SHIPPED: tuple[FeatureName, ...] = (
+    "vote_share",
+    "majority_probability",
+    "mean_logprob",
+    "mean_confidence",
+    "kind_choice",
+    "kind_number",
+)
+ISOTONIC_MIN = 100_000  # logistic only
+
+
+class SplitOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    seed: int
+    threshold: float  # chosen on the fitting half
+    fitting_ece_at_stops: float | None  # the chosen loop on the fitting half, fold calibrators
+    reference_accuracy: float  # held out: fixed k = N plain majority
+    reference_tokens: float
+    loop_accuracy: float  # held out: the loop at the chosen threshold
+    loop_tokens: float
+    tokens_saved: float  # 1 - loop / reference tokens
+    ece_at_stops: float | None
+    # The ECE that a perfectly calibrated P would show at these stops: the median over
+    # draws of labels from the P itself, one draw per question shared by its branch
+    # orders (they mostly give the same answer): the measurement's noise floor.
+    calibrated_floor: float
+
+
+def prepared(runs: Sequence[Run], samples: int, orders: int, seed: int) -> list[Question]:
+    return [
+        Question(index, shuffled, DEFAULT_SETTINGS, [])
+        for index, run in enumerate(runs)
+        for shuffled in branch_orders(run, samples, orders, seed + index)
+    ]
+
+
+def loop_points(
+    questions: Sequence[Question], settings: LoopSettings, thresholds: Sequence[float]
+) -> list[Point]:
+    reference = [majority(q.answers) for q in questions]
+    return [
+        point(
+            questions,
+            loop_rule(replace(settings, threshold=t), settings.max_rounds),
+            f"t={t}",
+            t,
+            reference,
+        )
+        for t in thresholds
+    ]
+
+
+def choose_threshold(fitting: Sequence[Question], settings: LoopSettings, samples: int) -> Point:
+    """The fewest tokens among thresholds at least as accurate as fixed k = samples; the
+    most accurate threshold when none is."""
+    reference = [majority(q.answers) for q in fitting]
+    fixed = point(fitting, fixed_plain(samples), f"k={samples}", samples, reference)
+    points = loop_points(fitting, settings, LOOP_THRESHOLDS)
+    eligible = [p for p in points if p.correct >= fixed.correct]
+    if not eligible:
+        return max(points, key=lambda p: (p.correct, -p.mean_tokens))
+    return min(eligible, key=lambda p: p.mean_tokens)
+
+
+def one_split(
+    runs: Sequence[Run], seed: int, *, share: float, branches: int, orders: int, folds: int
+) -> SplitOutcome:
+    fitting_runs, held_runs = split_by_source(runs, share, seed)
+    samples = min(len(r.samples) for r in runs)
+    settings = LoopSettings(
+        branches=branches, max_rounds=samples // branches, token_budget=NO_BUDGET
+    )
+    calibrator: Calibrator = fit_calibrator(
+        fitting_runs, KS, FEATURES_SHIPPED, isotonic_min=ISOTONIC_MIN, seed=seed
+    ).model
+    fitting = prepared(fitting_runs, samples, orders, seed)
+    cross_fit(fitting, KS, folds, seed, FEATURES_SHIPPED, ISOTONIC_MIN)
+    chosen = choose_threshold(fitting, settings, samples)
+    held = prepared(held_runs, samples, orders, seed)
+    for q in held:
+        q.calibrator = calibrator
+    reference = [majority(q.answers) for q in held]
+    fixed = point(held, fixed_plain(samples), f"k={samples}", samples, reference)
+    (loop,) = loop_points(held, settings, [chosen.value])
+    stops = loop_rule(replace(settings, threshold=chosen.value), settings.max_rounds)
+    probabilities = np.array([stops(q).probability for q in held])
+    return SplitOutcome(
+        seed=seed,
+        threshold=chosen.value,
+        fitting_ece_at_stops=chosen.ece,
+        reference_accuracy=fixed.accuracy,
+        reference_tokens=fixed.mean_tokens,
+        loop_accuracy=loop.accuracy,
+        loop_tokens=loop.mean_tokens,
+        tokens_saved=1.0 - loop.mean_tokens / fixed.mean_tokens,
+        ece_at_stops=loop.ece,
+        calibrated_floor=calibrated_floor(probabilities, [q.index for q in held], seed),
+    )
+
+
+def calibrated_floor(
+    probabilities: npt.NDArray[np.float64], questions: Sequence[int], seed: int, draws: int = 200
+) -> float:
+    """Median ECE of ``probabilities`` against labels drawn from them, each question's
+    one uniform draw shared by all its entries."""
+    rng = np.random.default_rng(seed)
+    index = np.unique(questions, return_inverse=True)[1]
+    eces = [
+        expected_calibration_error(
+            probabilities, rng.random(index.max() + 1)[index] < probabilities
+        )
+        for _ in range(draws)
+    ]
+    return float(np.median(eces))
+
+
+def _ece(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def summary(values: Sequence[float | None]) -> str:
+    a = np.array([v for v in values if v is not None])
+    q1, median, q3 = np.percentile(a, [25, 50, 75])
+    return f"median {median:.3f}, quartiles {q1:.3f}-{q3:.3f}, range {a.min():.3f}-{a.max():.3f}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", help="trace bank files (JSONL of labelled runs)")
+    parser.add_argument("--splits", type=int, default=20, help="random splits, seeds 0..n-1")
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--held-out-share", type=float, default=0.5)
+    parser.add_argument("--branches", type=int, default=2, help="branches per round")
+    parser.add_argument("--orders", type=int, default=8, help="branch orders per question")
+    parser.add_argument("--folds", type=int, default=5, help="fold calibrators, fitting half")
+    parser.add_argument("--json", help="write every split's outcome here")
+    args = parser.parse_args(argv)
+    if args.splits < 1:
+        parser.error("--splits must be at least 1")
+    if not 0 < args.held_out_share < 1:
+        parser.error("--held-out-share must be between 0 and 1")
+    runs = [run for path in args.runs for run in read_runs(path).runs]
+    outcomes = []
+    print(
+        "| split | threshold | fixed k=N | loop | tokens saved "
+        "| ECE at stops (fit / held / calibrated P's) |"
+    )
+    print("|---|---|---|---|---|---|")
+    for seed in range(args.first_seed, args.first_seed + args.splits):
+        try:
+            o = one_split(
+                runs,
+                seed,
+                share=args.held_out_share,
+                branches=args.branches,
+                orders=args.orders,
+                folds=args.folds,
+            )
+        except ValueError as exc:  # too few questions or samples for the folds or rounds
+            raise SystemExit(f"error: {exc}") from exc
+        outcomes.append(o)
+        print(
+            f"| {seed} | {o.threshold} | {o.reference_accuracy:.1%} @ {o.reference_tokens:.0f} "
+            f"| {o.loop_accuracy:.1%} @ {o.loop_tokens:.0f} | {o.tokens_saved:.1%} "
+            f"| {_ece(o.fitting_ece_at_stops)} / {_ece(o.ece_at_stops)} "
+            f"/ {o.calibrated_floor:.3f} |",
+            flush=True,
+        )
+        if args.json:
+            Path(args.json).write_text(json.dumps(msgspec.to_builtins(outcomes), indent=1) + "\n")
+    gap = [o.loop_accuracy - o.reference_accuracy for o in outcomes]
+    print(f"held-out tokens saved: {summary([o.tokens_saved for o in outcomes])}")
+    print(f"held-out accuracy, loop less fixed k=N: {summary(gap)}")
+    print(f"held-out ECE at stops: {summary([o.ece_at_stops for o in outcomes])}")
+    print(f"fitting-half ECE at stops: {summary([o.fitting_ece_at_stops for o in outcomes])}")
+    print(f"a calibrated P's ECE there: {summary([o.calibrated_floor for o in outcomes])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

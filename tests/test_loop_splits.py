@@ -1,0 +1,60 @@
+"""bench/loop_splits.py: the loop's recipe (calibrator and threshold from the fitting
+half, one read of the other) over random splits of a small synthetic bank."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from evaluator.replay_report import LOOP_THRESHOLDS
+from tests.support import ROOT, bench_script
+from tests.test_loop_replay import synthetic_bank
+
+SCRIPT = ROOT / "bench" / "loop_splits.py"
+loop_splits = bench_script("loop_splits")
+
+
+def test_the_noise_floor_is_nil_where_p_is_certain_and_not_where_it_is_a_coin() -> None:
+    certain = np.array([0.0, 1.0, 1.0, 0.0])
+    assert loop_splits.calibrated_floor(certain, [0, 0, 1, 1], seed=0) == 0.0
+    # 50 questions at P = 0.5, 8 entries each sharing a draw: about 0.5 * 1/sqrt(50) off.
+    coin = np.full(400, 0.5)
+    floor = loop_splits.calibrated_floor(coin, [i // 8 for i in range(400)], seed=0)
+    assert 0.02 < floor < 0.15
+
+
+def test_each_split_chooses_on_its_fitting_half_and_reads_the_other(tmp_path: Path) -> None:
+    bank, out = tmp_path / "bank.jsonl", tmp_path / "splits.json"
+    synthetic_bank(bank)
+    args = [str(bank), "--splits", "2", "--folds", "2", "--orders", "2", "--json", str(out)]
+    script = subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, check=False
+    )
+    assert script.returncode == 0, script.stderr
+    outcomes = json.loads(out.read_text())
+    assert [o["seed"] for o in outcomes] == [0, 1]
+    for o in outcomes:
+        # Every question's majority of 8 is fixed by the bank: right on half of them.
+        assert o["reference_tokens"] == 16.0  # 8 samples of 2 tokens
+        assert 0.0 <= o["loop_accuracy"] <= 1.0 and 0.0 <= o["ece_at_stops"] <= 1.0
+        assert o["tokens_saved"] == 1.0 - o["loop_tokens"] / 16.0
+        assert 0.0 <= o["calibrated_floor"] <= 1.0
+        assert o["threshold"] in LOOP_THRESHOLDS
+    assert "held-out tokens saved: median" in script.stdout
+
+
+def test_too_few_questions_for_the_folds_is_an_error_not_a_trace(tmp_path: Path) -> None:
+    bank = tmp_path / "bank.jsonl"
+    synthetic_bank(bank)
+    script = subprocess.run(
+        [sys.executable, str(SCRIPT), str(bank), "--splits", "1", "--folds", "50"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert script.returncode == 1
+    assert script.stderr.startswith("error: folds must be within")
