@@ -23,31 +23,36 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 import msgspec
 import numpy as np
 import numpy.typing as npt
 from msgspec.structs import replace
 
-from evaluator.calibration import Calibrator, expected_calibration_error
+from evaluator.calibration import (
+    Calibrator,
+    calibrator_file,
+    expected_calibration_error,
+    read_calibrator,
+)
 from evaluator.policy import LoopSettings
-from evaluator.replay import NO_BUDGET, Question, branch_orders, fixed_plain, loop_rule
-from evaluator.replay_report import LOOP_THRESHOLDS, Point, cross_fit, point
+from evaluator.replay import NO_BUDGET, Policy, Question, branch_orders, fixed_plain, loop_rule
+from evaluator.replay_report import (
+    LOOP_THRESHOLDS,
+    Point,
+    cheapest_as_accurate,
+    cross_fit,
+    point,
+)
 from evaluator.runs import Run, read_runs, split_by_source
 from evaluator.signals import DEFAULT_SETTINGS, FeatureName, majority
 from evaluator.training import fit_calibrator
 
-# As `make default-calibrator` fits the shipped calibrator.
+# As `make default-calibrator` fits the shipped calibrator: at these k, logistic only
+# (isotonic needs more labels than that), on the shipped calibrator's signals.
 KS = (1, 2, 4, 6, 8)
-FEATURES_SHIPPED: tuple[FeatureName, ...] = (
-    "vote_share",
-    "majority_probability",
-    "mean_logprob",
-    "mean_confidence",
-    "kind_choice",
-    "kind_number",
-)
-ISOTONIC_MIN = 100_000  # logistic only
+ISOTONIC_MIN = 100_000
 
 
 class SplitOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -74,36 +79,33 @@ def prepared(runs: Sequence[Run], samples: int, orders: int, seed: int) -> list[
     ]
 
 
-def loop_points(
-    questions: Sequence[Question], settings: LoopSettings, thresholds: Sequence[float]
-) -> list[Point]:
-    reference = [majority(q.answers) for q in questions]
-    return [
-        point(
-            questions,
-            loop_rule(replace(settings, threshold=t), settings.max_rounds),
-            f"t={t}",
-            t,
-            reference,
-        )
-        for t in thresholds
-    ]
+def loop_policy(settings: LoopSettings, threshold: float) -> Policy:
+    return loop_rule(replace(settings, threshold=threshold), settings.max_rounds)
 
 
 def choose_threshold(fitting: Sequence[Question], settings: LoopSettings, samples: int) -> Point:
     """The fewest tokens among thresholds at least as accurate as fixed k = samples; the
     most accurate threshold when none is."""
-    reference = [majority(q.answers) for q in fitting]
-    fixed = point(fitting, fixed_plain(samples), f"k={samples}", samples, reference)
-    points = loop_points(fitting, settings, LOOP_THRESHOLDS)
-    eligible = [p for p in points if p.correct >= fixed.correct]
-    if not eligible:
+    answers = [majority(q.answers) for q in fitting]
+    fixed = point(fitting, fixed_plain(samples), f"k={samples}", samples, answers)
+    points = [
+        point(fitting, loop_policy(settings, t), f"t={t}", t, answers) for t in LOOP_THRESHOLDS
+    ]
+    cheapest = cheapest_as_accurate(points, fixed)
+    if cheapest is None:
         return max(points, key=lambda p: (p.correct, -p.mean_tokens))
-    return min(eligible, key=lambda p: p.mean_tokens)
+    return cheapest
 
 
 def one_split(
-    runs: Sequence[Run], seed: int, *, share: float, branches: int, orders: int, folds: int
+    runs: Sequence[Run],
+    seed: int,
+    *,
+    features: Sequence[FeatureName],
+    share: float,
+    branches: int,
+    orders: int,
+    folds: int,
 ) -> SplitOutcome:
     fitting_runs, held_runs = split_by_source(runs, share, seed)
     samples = min(len(r.samples) for r in runs)
@@ -111,18 +113,18 @@ def one_split(
         branches=branches, max_rounds=samples // branches, token_budget=NO_BUDGET
     )
     calibrator: Calibrator = fit_calibrator(
-        fitting_runs, KS, FEATURES_SHIPPED, isotonic_min=ISOTONIC_MIN, seed=seed
+        fitting_runs, KS, features, isotonic_min=ISOTONIC_MIN, seed=seed
     ).model
     fitting = prepared(fitting_runs, samples, orders, seed)
-    cross_fit(fitting, KS, folds, seed, FEATURES_SHIPPED, ISOTONIC_MIN)
+    cross_fit(fitting, KS, folds, seed, features, ISOTONIC_MIN)
     chosen = choose_threshold(fitting, settings, samples)
     held = prepared(held_runs, samples, orders, seed)
     for q in held:
         q.calibrator = calibrator
-    reference = [majority(q.answers) for q in held]
-    fixed = point(held, fixed_plain(samples), f"k={samples}", samples, reference)
-    (loop,) = loop_points(held, settings, [chosen.value])
-    stops = loop_rule(replace(settings, threshold=chosen.value), settings.max_rounds)
+    answers = [majority(q.answers) for q in held]
+    fixed = point(held, fixed_plain(samples), f"k={samples}", samples, answers)
+    stops = loop_policy(settings, chosen.value)
+    loop = point(held, stops, chosen.setting, chosen.value, answers)
     probabilities = np.array([stops(q).probability for q in held])
     return SplitOutcome(
         seed=seed,
@@ -180,6 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not 0 < args.held_out_share < 1:
         parser.error("--held-out-share must be between 0 and 1")
     runs = [run for path in args.runs for run in read_runs(path).runs]
+    # read_calibrator refuses a feature this Satisfice does not compute.
+    features = cast(list[FeatureName], read_calibrator(calibrator_file("bundled")).features)
     outcomes = []
     print(
         "| split | threshold | fixed k=N | loop | tokens saved "
@@ -191,6 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             o = one_split(
                 runs,
                 seed,
+                features=features,
                 share=args.held_out_share,
                 branches=args.branches,
                 orders=args.orders,

@@ -147,15 +147,21 @@ def point(
     )
 
 
+def cheapest_as_accurate(points: Iterable[Point], reference: Point, slack: int = 0) -> Point | None:
+    """The point with the fewest mean tokens among those at least as accurate as the
+    reference, less ``slack`` questions: how the loop's settings are chosen."""
+    eligible = [p for p in points if p.correct >= reference.correct - slack]
+    return min(eligible, key=lambda p: p.mean_tokens) if eligible else None
+
+
 def tokens_saved(
     points: Iterable[Point], reference: Point, slack: int = 0
 ) -> tuple[float | None, str | None]:
-    """1 - (fewest mean tokens among points at least as accurate as the reference, less
-    ``slack`` questions) / the reference's mean tokens; (None, None) when none is."""
-    eligible = [p for p in points if p.correct >= reference.correct - slack]
-    if not eligible:
+    """1 - the cheapest_as_accurate point's mean tokens / the reference's; (None, None)
+    when no point is as accurate."""
+    cheapest = cheapest_as_accurate(points, reference, slack)
+    if cheapest is None:
         return None, None
-    cheapest = min(eligible, key=lambda p: p.mean_tokens)
     return 1.0 - cheapest.mean_tokens / reference.mean_tokens, cheapest.setting
 
 
