@@ -21,9 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from cache.calibration import BUNDLED, NEVER, OperatingPoints, read_calibration
+from cache.calibration import BUNDLED as BUNDLED_CALIBRATION
+from cache.calibration import NEVER, OperatingPoints, read_calibration
 from cache.pairs import Sweep, SweepPoint, read_pairs, sweep
 from cache.settings import CacheSettings
+from cache.verifier import BUNDLED, Verification, Verifier
 from router.embedder import Embedder, EmbedderSettings
 
 BOUNDS = (0.01, 0.05, 0.08, 0.1, 0.15, 0.2)
@@ -83,12 +85,14 @@ def main() -> None:
     parser.add_argument("pairs", nargs="+")
     parser.add_argument("--plot")
     parser.add_argument(
-        "--calibration", default=str(BUNDLED), help="default: the shipped calibration"
+        "--calibration", default=str(BUNDLED_CALIBRATION), help="default: the shipped calibration"
     )
     args = parser.parse_args()
     embedder = Embedder(EmbedderSettings(threads=2, max_batch=128))
     embedder.load()
     points = OperatingPoints(read_calibration(args.calibration))
+    # The sweeps below score with the shipped verifier: refuse another's calibration.
+    Verification(Verifier.load(BUNDLED), points)
     report: dict[str, object] = {"calibration": points.calibration.pairs}
     curves: dict[str, Sweep] = {}
     for path in args.pairs:
