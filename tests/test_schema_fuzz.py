@@ -59,6 +59,7 @@ OPERATIONS = [
     pytest.param("GET", "/admin/cache/stats", id="GET /admin/cache/stats"),
     pytest.param("POST", "/admin/cache/invalidate", id="POST /admin/cache/invalidate"),
     pytest.param("POST", "/admin/cache/warmup", id="POST /admin/cache/warmup"),
+    pytest.param("POST", "/v1/feedback", id="POST /v1/feedback"),
 ]
 CHECKS = [
     checks.not_a_server_error,
