@@ -162,6 +162,8 @@ def _ece(value: float | None) -> str:
 
 def summary(values: Sequence[float | None]) -> str:
     a = np.array([v for v in values if v is not None])
+    if not a.size:  # ECE is undefined where every answer was right, or every one wrong
+        return "-"
     q1, median, q3 = np.percentile(a, [25, 50, 75])
     return f"median {median:.3f}, quartiles {q1:.3f}-{q3:.3f}, range {a.min():.3f}-{a.max():.3f}"
 
@@ -169,8 +171,8 @@ def summary(values: Sequence[float | None]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", help="trace bank files (JSONL of labelled runs)")
-    parser.add_argument("--splits", type=int, default=20, help="random splits, seeds 0..n-1")
-    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--splits", type=int, default=20, help="random splits, one seed each")
+    parser.add_argument("--first-seed", type=int, default=0, help="seed of the first split")
     parser.add_argument("--held-out-share", type=float, default=0.5)
     parser.add_argument("--branches", type=int, default=2, help="branches per round")
     parser.add_argument("--orders", type=int, default=8, help="branch orders per question")
