@@ -103,11 +103,19 @@ def held_out_questions(runs_file: str, per_source: int, skip: int = 0) -> list[L
 
 
 def merged(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Several runs' arms as one: each arm's questions from every run that has it."""
+    """Several runs' arms as one: each arm's questions from every run that has it. A
+    question asked in two runs would count twice: ValueError."""
     rows: dict[str, list[dict[str, Any]]] = {}
     for arms in runs:
         for arm in arms:
             rows.setdefault(arm["arm"], []).extend(arm["rows"])
+    for name, arm_rows in rows.items():
+        twice = [p for p, n in Counter(r["prompt"] for r in arm_rows).items() if n > 1]
+        if twice:
+            raise ValueError(
+                f"{name}: {len(twice)} questions are in more than one run "
+                "(give each run its own --skip)"
+            )
     return [summary(name, arm_rows) for name, arm_rows in rows.items()]
 
 
@@ -166,6 +174,7 @@ def run_arm(name: str, questions: list[LabelledQuestion], escalate_below: float)
                     text = raw.parse().choices[0].message.content or ""
                     rows.append(
                         {
+                            "prompt": question.prompt,  # what a merge of runs keys on
                             "source": question.source,
                             "correct": is_correct(question, text),
                             "tokens": _sampled(http, url) - before,
@@ -272,7 +281,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.from_json:
-        arms = merged([json.loads(Path(path).read_text()) for path in args.from_json])
+        try:
+            arms = merged([json.loads(Path(path).read_text()) for path in args.from_json])
+        except ValueError as exc:  # also a file that is not JSON
+            parser.error(str(exc))
+        except (KeyError, TypeError) as exc:
+            parser.error(f"not what headline.py --json writes (by this version): {exc!r}")
         if args.json:
             Path(args.json).write_text(json.dumps(arms, indent=1) + "\n")
         print(render(arms))

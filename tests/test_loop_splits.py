@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from evaluator.replay_report import LOOP_THRESHOLDS
+from evaluator.runs import read_runs, split_by_source
 from tests.support import ROOT, bench_script
 from tests.test_loop_replay import synthetic_bank
 
@@ -37,8 +38,12 @@ def test_each_split_chooses_on_its_fitting_half_and_reads_the_other(tmp_path: Pa
     assert script.returncode == 0, script.stderr
     outcomes = json.loads(out.read_text())
     assert [o["seed"] for o in outcomes] == [0, 1]
+    runs = read_runs(bank).runs
     for o in outcomes:
-        # Every question's majority of 8 is fixed by the bank: right on half of them.
+        # Each question's majority of 8 is fixed by the bank (right on the even ones), so
+        # fixed k=8's accuracy says which half was read: the split's held-out one.
+        held = split_by_source(runs, 0.5, o["seed"])[1]
+        assert o["reference_accuracy"] == sum(int(r.id[1:]) % 2 == 0 for r in held) / len(held)
         assert o["reference_tokens"] == 16.0  # 8 samples of 2 tokens
         assert 0.0 <= o["loop_accuracy"] <= 1.0 and 0.0 <= o["ece_at_stops"] <= 1.0
         assert o["tokens_saved"] == 1.0 - o["loop_tokens"] / 16.0
