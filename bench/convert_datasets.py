@@ -17,9 +17,12 @@ or across sources (110 of SingleEq's are AddSub's), is kept once, by the first s
 the order above, so a router fitted on the mix is never scored on a copy of a training
 question. Gold answers that cannot be graded (NQ's "---") drop their row. Up to
 --per-source questions are sampled per source, reproducibly from --seed and the source
-name alone, and written in file order. Run:
+name alone, and written in file order; --then-rest follows them with every other
+question of the source, in file order, so that a bank of the sample can be resumed into
+a bank of the whole set. Run:
     .venv/bin/python bench/convert_datasets.py --out FILE.jsonl [--data DIR]
         [--per-source 200] [--seed 0] [--sources gsm8k,arc_easy,...] [--as-asked]
+        [--then-rest]
 """
 
 from __future__ import annotations
@@ -285,6 +288,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="word problems without 'Answer with the number only.' (models reason first)",
     )
+    parser.add_argument(
+        "--then-rest",
+        action="store_true",
+        help="after each source's sample, every other question of it, in file order",
+    )
     args = parser.parse_args(argv)
     sources = [name.strip() for name in args.sources.split(",") if name.strip()]
     unknown = [name for name in sources if name not in SOURCES]
@@ -302,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.out, "wb") as out:
         for name, pool in pools.items():
             chosen = sample(pool.questions, args.per_source, args.seed, name)
+            if args.then_rest:
+                sampled = set(chosen)
+                chosen += [i for i in range(len(pool.questions)) if i not in sampled]
             for index in chosen:
                 question = pool.questions[index]
                 out.write(encoder.encode(as_asked(question) if args.as_asked else question) + b"\n")

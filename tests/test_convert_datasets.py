@@ -143,6 +143,20 @@ def test_sampling_is_reproducible_and_per_source(tmp_path: Path) -> None:
     assert read_questions(other) != boolq
 
 
+def test_then_rest_follows_the_sample_with_every_other_question(tmp_path: Path) -> None:
+    """A bank of the sample resumes into a bank of the whole set: the sample comes first,
+    unchanged, then the rest of the source in file order, each question once."""
+    sampled, whole, every = tmp_path / "s.jsonl", tmp_path / "w.jsonl", tmp_path / "e.jsonl"
+    convert(sampled, "--per-source", "30", "--seed", "2", "--sources", "singleeq")
+    convert(whole, "--per-source", "30", "--seed", "2", "--sources", "singleeq", "--then-rest")
+    convert(every, "--per-source", "1000000", "--sources", "singleeq")
+    head, rows, all_rows = read_questions(sampled), read_questions(whole), read_questions(every)
+    assert rows[:30] == head
+    assert sorted(q.prompt for q in rows) == sorted(q.prompt for q in all_rows)
+    rest = rows[30:]
+    assert rest == [q for q in all_rows if q not in head]
+
+
 def test_unknown_source_is_refused(tmp_path: Path) -> None:
     with pytest.raises(subprocess.CalledProcessError) as caught:
         subprocess.run(
