@@ -61,3 +61,35 @@ def test_the_script_writes_both_parts_and_refuses_ids_that_repeat(tmp_path: Path
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert copied.returncode == 2 and "share a prompt" in copied.stderr
+
+
+def test_a_grown_bank_splits_as_before_and_holds_its_new_questions_out(tmp_path: Path) -> None:
+    """--per-source N splits each source's first N as the bank of N alone was split; the
+    questions the bank grew by go to --rest, on neither side."""
+    small, grown = tmp_path / "small.jsonl", tmp_path / "grown.jsonl"
+    runs = _runs("gsm8k", 4) + _runs("arc", 10)
+    small.write_bytes(b"".join(msgspec.json.encode(r) + b"\n" for r in runs))
+    grown.write_bytes(small.read_bytes() + b"".join(
+        msgspec.json.encode(r) + b"\n" for r in _runs("arc", 16)[10:]))  # fmt: skip
+    script = [sys.executable, str(ROOT / "bench" / "split_runs.py")]
+    parts = {name: tmp_path / f"{name}.jsonl" for name in ("fit", "held", "fit2", "held2", "rest")}
+    before = subprocess.run(
+        [*script, str(small), "--fit", str(parts["fit"]), "--held-out", str(parts["held"])],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert before.returncode == 0, before.stderr
+    after = subprocess.run(
+        [*script, str(grown), "--fit", str(parts["fit2"]), "--held-out", str(parts["held2"]),
+         "--per-source", "10", "--rest", str(parts["rest"])],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert after.returncode == 0, after.stderr
+    assert parts["fit2"].read_bytes() == parts["fit"].read_bytes()
+    assert parts["held2"].read_bytes() == parts["held"].read_bytes()
+    assert [r.id for r in read_runs(parts["rest"]).runs] == [f"arc-{i}" for i in range(10, 16)]
+    alone = subprocess.run(
+        [*script, str(grown), "--fit", str(parts["fit2"]), "--held-out", str(parts["held2"]),
+         "--per-source", "10"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert alone.returncode == 2 and "go together" in alone.stderr
