@@ -37,7 +37,7 @@ from evaluator.answers import is_correct
 from evaluator.calibration import Calibrator, calibrator_file, read_calibrator
 from evaluator.loop import LoopResult, ReasoningLoop
 from evaluator.policy import LoopSettings
-from evaluator.replay import DEFAULT_ORDERS, Question, branch_orders, loop_rule
+from evaluator.replay import DEFAULT_ORDERS, replay_loop
 from evaluator.replay_report import wilson
 from evaluator.runs import Run, read_runs, take_per_source
 from gateway.config import load_config
@@ -88,28 +88,17 @@ async def live(
 def predicted(
     runs: list[Run], settings: LoopSettings, calibrator: Calibrator, orders: int
 ) -> list[dict[str, Any]]:
-    samples = min(len(r.samples) for r in runs)
-    rounds = min(settings.max_rounds, samples // settings.branches)
-    # Rounds beyond the bank's samples of a question cannot be replayed.
-    replayed = msgspec.structs.replace(settings, max_rounds=rounds)
-    rule = loop_rule(replayed, rounds)
-    rows = []
-    for index, run in enumerate(runs):
-        for shuffled in branch_orders(run, samples, orders, index):
-            q = Question(index, shuffled, calibrator.signals, [])
-            q.calibrator = calibrator
-            outcome = rule(q)
-            rows.append(
-                {
-                    "id": run.id,
-                    "source": run.source,
-                    "correct": outcome.correct,
-                    "tokens": outcome.tokens,
-                    "rounds": outcome.branches // settings.branches,
-                    "confidence": outcome.probability,
-                }
-            )
-    return rows
+    return [
+        {
+            "id": run.id,
+            "source": run.source,
+            "correct": outcome.correct,
+            "tokens": outcome.tokens,
+            "rounds": outcome.branches // settings.branches,
+            "confidence": outcome.probability,
+        }
+        for run, outcome in replay_loop(runs, settings, calibrator, orders)
+    ]
 
 
 def summary(rows: list[dict[str, Any]], questions: int) -> dict[str, Any]:

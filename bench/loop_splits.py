@@ -27,13 +27,12 @@ from typing import cast
 
 import msgspec
 import numpy as np
-import numpy.typing as npt
 from msgspec.structs import replace
 
 from evaluator.calibration import (
     Calibrator,
+    calibrated_eces,
     calibrator_file,
-    expected_calibration_error,
     read_calibrator,
 )
 from evaluator.policy import LoopSettings
@@ -136,24 +135,10 @@ def one_split(
         loop_tokens=loop.mean_tokens,
         tokens_saved=1.0 - loop.mean_tokens / fixed.mean_tokens,
         ece_at_stops=loop.ece,
-        calibrated_floor=calibrated_floor(probabilities, [q.index for q in held], seed),
+        calibrated_floor=float(
+            np.median(calibrated_eces(probabilities, [q.index for q in held], seed))
+        ),
     )
-
-
-def calibrated_floor(
-    probabilities: npt.NDArray[np.float64], questions: Sequence[int], seed: int, draws: int = 200
-) -> float:
-    """Median ECE of ``probabilities`` against labels drawn from them, each question's
-    one uniform draw shared by all its entries."""
-    rng = np.random.default_rng(seed)
-    index = np.unique(questions, return_inverse=True)[1]
-    eces = [
-        expected_calibration_error(
-            probabilities, rng.random(index.max() + 1)[index] < probabilities
-        )
-        for _ in range(draws)
-    ]
-    return float(np.median(eces))
 
 
 def _ece(value: float | None) -> str:

@@ -309,3 +309,23 @@ def loop_rule(
         raise AssertionError("stop_reason stops at max_rounds")
 
     return policy
+
+
+def replay_loop(
+    runs: Sequence[Run], settings: LoopSettings, calibrator: Calibrator, orders: int
+) -> list[tuple[Run, PolicyOutcome]]:
+    """The loop with these settings and calibrator over each run's samples, in
+    ``orders`` random branch orders per run: one outcome per run and order. Rounds
+    beyond the samples a run holds cannot be replayed, so ``max_rounds`` is cut to them."""
+    samples = min(len(r.samples) for r in runs)
+    rounds = min(settings.max_rounds, samples // settings.branches)
+    if rounds < 1:
+        raise ValueError(f"runs have {samples} samples, fewer than a round of {settings.branches}")
+    rule = loop_rule(msgspec.structs.replace(settings, max_rounds=rounds), rounds)
+    outcomes = []
+    for index, run in enumerate(runs):
+        for shuffled in branch_orders(run, samples, orders, index):
+            q = Question(index, shuffled, calibrator.signals, [])
+            q.calibrator = calibrator
+            outcomes.append((run, rule(q)))
+    return outcomes

@@ -17,6 +17,7 @@ from evaluator.calibration import (
     Calibrator,
     CalibratorFileError,
     brier_score,
+    calibrated_eces,
     cross_validate,
     expected_calibration_error,
     fit,
@@ -380,3 +381,15 @@ def test_evaluator_fit_leaves_out_rows_without_signals(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "left out 2 rows" in done.stderr
     assert json.loads(done.stdout)["rows"] == 60
+
+
+def test_the_noise_floor_is_nil_where_p_is_certain_and_not_where_it_is_a_coin() -> None:
+    certain = np.array([0.0, 1.0, 1.0, 0.0])
+    assert set(calibrated_eces(certain, [0, 0, 1, 1], seed=0)) == {0.0}
+    # 50 questions at P = 0.5, 8 entries each sharing a draw: about 0.5 * 1/sqrt(50) off.
+    coin = np.full(400, 0.5)
+    floor = float(np.median(calibrated_eces(coin, [i // 8 for i in range(400)], seed=0)))
+    assert 0.02 < floor < 0.15
+    # Sharing a draw is what keeps it there: 400 questions of one entry each sit lower.
+    alone = float(np.median(calibrated_eces(coin, list(range(400)), seed=0)))
+    assert alone < floor / 2

@@ -8,8 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-
 from evaluator.replay_report import LOOP_THRESHOLDS
 from evaluator.runs import read_runs, split_by_source
 from tests.support import ROOT, bench_script
@@ -17,15 +15,6 @@ from tests.test_loop_replay import synthetic_bank
 
 SCRIPT = ROOT / "bench" / "loop_splits.py"
 loop_splits = bench_script("loop_splits")
-
-
-def test_the_noise_floor_is_nil_where_p_is_certain_and_not_where_it_is_a_coin() -> None:
-    certain = np.array([0.0, 1.0, 1.0, 0.0])
-    assert loop_splits.calibrated_floor(certain, [0, 0, 1, 1], seed=0) == 0.0
-    # 50 questions at P = 0.5, 8 entries each sharing a draw: about 0.5 * 1/sqrt(50) off.
-    coin = np.full(400, 0.5)
-    floor = loop_splits.calibrated_floor(coin, [i // 8 for i in range(400)], seed=0)
-    assert 0.02 < floor < 0.15
 
 
 def test_each_split_chooses_on_its_fitting_half_and_reads_the_other(tmp_path: Path) -> None:
