@@ -10,7 +10,12 @@ where, so the spread of the held-out figures is what one split's figure can be
 trusted to within.
 
     .venv/bin/python bench/loop_splits.py bench/out/bank_qwen_arc_challenge.jsonl \\
-        bench/out/bank_qwen_gsm8k.jsonl --splits 20 --json bench/out/loop_splits.json
+        bench/out/bank_qwen_gsm8k.jsonl --per-source 240 --splits 20 \\
+        --json bench/out/loop_splits.json
+
+--per-source N takes each source's first N questions, as `make default-calibrator`
+splits them: the ARC-Challenge bank goes on past its first 240 (held out from
+everything), so without it the splits would draw from all 1,172.
 
 This re-reads the report half of every split, so it measures the recipe's noise; it
 must not choose anything (settings are chosen on the fitting half of each split).
@@ -44,7 +49,7 @@ from evaluator.replay_report import (
     cross_fit,
     point,
 )
-from evaluator.runs import Run, read_runs, split_by_source
+from evaluator.runs import Run, read_runs, split_by_source, take_per_source
 from evaluator.signals import DEFAULT_SETTINGS, FeatureName, majority
 from evaluator.training import fit_calibrator
 
@@ -162,13 +167,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--branches", type=int, default=2, help="branches per round")
     parser.add_argument("--orders", type=int, default=8, help="branch orders per question")
     parser.add_argument("--folds", type=int, default=5, help="fold calibrators, fitting half")
+    parser.add_argument("--per-source", type=int, help="each source's first N questions only")
     parser.add_argument("--json", help="write every split's outcome here")
     args = parser.parse_args(argv)
     if args.splits < 1:
         parser.error("--splits must be at least 1")
     if not 0 < args.held_out_share < 1:
         parser.error("--held-out-share must be between 0 and 1")
+    if args.per_source is not None and args.per_source < 1:
+        parser.error("--per-source must be at least 1")
     runs = [run for path in args.runs for run in read_runs(path).runs]
+    if args.per_source is not None:
+        runs = take_per_source(runs, args.per_source)
     # read_calibrator refuses a feature this Satisfice does not compute.
     features = cast(list[FeatureName], read_calibrator(calibrator_file("bundled")).features)
     outcomes = []

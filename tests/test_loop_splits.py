@@ -41,6 +41,20 @@ def test_each_split_chooses_on_its_fitting_half_and_reads_the_other(tmp_path: Pa
     assert "held-out tokens saved: median" in script.stdout
 
 
+def test_per_source_splits_only_each_sources_first_questions(tmp_path: Path) -> None:
+    bank, out = tmp_path / "bank.jsonl", tmp_path / "splits.json"
+    synthetic_bank(bank)
+    args = [str(bank), "--per-source", "10", "--splits", "1", "--folds", "2", "--orders", "2"]
+    script = subprocess.run(
+        [sys.executable, str(SCRIPT), *args, "--json", str(out)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert script.returncode == 0, script.stderr
+    (o,) = json.loads(out.read_text())
+    held = split_by_source(read_runs(bank).runs[:10], 0.5, 0)[1]
+    assert o["reference_accuracy"] == sum(int(r.id[1:]) % 2 == 0 for r in held) / len(held)
+
+
 def test_too_few_questions_for_the_folds_is_an_error_not_a_trace(tmp_path: Path) -> None:
     bank = tmp_path / "bank.jsonl"
     synthetic_bank(bank)
