@@ -88,23 +88,21 @@ def plot(results: Sequence[Calibration], path: str) -> None:
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5.5, 5))
+    fig, ax = plt.subplots(figsize=(5.5, 6))
     ax.plot([0, 1], [0, 1], color="grey", linewidth=0.8, linestyle="--", label="calibrated")
     for result in results:
         mean_p, right, stops = zip(*result.bins, strict=True)
-        total = sum(stops)
-        ax.plot(mean_p, right, marker="o", linewidth=1, label=(
-            f"{result.group} ({result.questions} questions): ECE {result.ece:.3f}, "
-            f"calibrated P's {result.calibrated_median:.3f}"))  # fmt: skip
-        for x, yv, n in zip(mean_p, right, stops, strict=True):
-            ax.annotate(f"{n / total:.0%}", (x, yv), fontsize=6, xytext=(3, -8),
-                        textcoords="offset points")  # fmt: skip
+        share = np.array(stops) / sum(stops)
+        # A point's area is its share of the stops: a bin of a few stops says little.
+        ax.scatter(mean_p, right, s=10 + 600 * share, alpha=0.7,
+                   label=f"{result.group} ({result.questions} questions): ECE {result.ece:.3f}, "
+                   f"calibrated P's {result.calibrated_median:.3f}")  # fmt: skip
     ax.set_xlabel("P(correct) at the loop's stop (bin mean)")
     ax.set_ylabel("share right")
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
-    ax.set_title("The loop's P at its stops, held out (share of stops by each point)", fontsize=9)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.set_title("The loop's P at its stops, held out (area: share of the stops)", fontsize=9)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
