@@ -38,6 +38,7 @@ from evaluator.calibration import (
     Calibrator,
     calibrated_eces,
     calibrator_file,
+    expected_calibration_error,
     read_calibrator,
 )
 from evaluator.policy import LoopSettings
@@ -59,6 +60,15 @@ KS = (1, 2, 4, 6, 8)
 ISOTONIC_MIN = 100_000
 
 
+class SourceCalibration(msgspec.Struct, frozen=True, kw_only=True):
+    """One source's questions of a held-out half: ECE at the loop's stops, and the ECEs
+    a perfectly calibrated P would show there (median, 95th percentile)."""
+
+    ece_at_stops: float
+    calibrated_median: float
+    calibrated_p95: float
+
+
 class SplitOutcome(msgspec.Struct, frozen=True, kw_only=True):
     seed: int
     threshold: float  # chosen on the fitting half
@@ -73,6 +83,7 @@ class SplitOutcome(msgspec.Struct, frozen=True, kw_only=True):
     # draws of labels from the P itself, one draw per question shared by its branch
     # orders (they mostly give the same answer): the measurement's noise floor.
     calibrated_floor: float
+    by_source: dict[str, SourceCalibration]  # held out
 
 
 def prepared(runs: Sequence[Run], samples: int, orders: int, seed: int) -> list[Question]:
@@ -129,7 +140,20 @@ def one_split(
     fixed = point(held, fixed_plain(samples), f"k={samples}", samples, answers)
     stops = loop_policy(settings, chosen.value)
     loop = point(held, stops, chosen.setting, chosen.value, answers)
-    probabilities = np.array([stops(q).probability for q in held])
+    outcomes = [stops(q) for q in held]
+    probabilities = np.array([o.probability for o in outcomes])
+    correct = np.array([o.correct for o in outcomes])
+    questions = np.array([q.index for q in held])
+    sources = np.array([q.run.source for q in held])
+    by_source = {}
+    for source in sorted(set(sources)):
+        mine = sources == source
+        floor = calibrated_eces(probabilities[mine], list(questions[mine]), seed)
+        by_source[str(source)] = SourceCalibration(
+            ece_at_stops=expected_calibration_error(probabilities[mine], correct[mine]),
+            calibrated_median=float(np.median(floor)),
+            calibrated_p95=float(np.percentile(floor, 95)),
+        )
     return SplitOutcome(
         seed=seed,
         threshold=chosen.value,
@@ -140,9 +164,8 @@ def one_split(
         loop_tokens=loop.mean_tokens,
         tokens_saved=1.0 - loop.mean_tokens / fixed.mean_tokens,
         ece_at_stops=loop.ece,
-        calibrated_floor=float(
-            np.median(calibrated_eces(probabilities, [q.index for q in held], seed))
-        ),
+        calibrated_floor=float(np.median(calibrated_eces(probabilities, list(questions), seed))),
+        by_source=by_source,
     )
 
 
@@ -216,6 +239,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"held-out ECE at stops: {summary([o.ece_at_stops for o in outcomes])}")
     print(f"fitting-half ECE at stops: {summary([o.fitting_ece_at_stops for o in outcomes])}")
     print(f"a calibrated P's ECE there: {summary([o.calibrated_floor for o in outcomes])}")
+    for source in sorted({name for o in outcomes for name in o.by_source}):
+        mine = [o.by_source[source] for o in outcomes if source in o.by_source]
+        above = sum(c.ece_at_stops > c.calibrated_p95 for c in mine)
+        print(
+            f"{source}, held out: ECE at stops {summary([c.ece_at_stops for c in mine])}; "
+            f"a calibrated P's median {summary([c.calibrated_median for c in mine])}; "
+            f"above its 95th percentile in {above} of {len(mine)} splits"
+        )
     return 0
 
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from evaluator.replay_report import LOOP_THRESHOLDS
 from evaluator.runs import read_runs, split_by_source
 from tests.support import ROOT, bench_script
@@ -37,6 +39,11 @@ def test_each_split_chooses_on_its_fitting_half_and_reads_the_other(tmp_path: Pa
         assert 0.0 <= o["loop_accuracy"] <= 1.0 and 0.0 <= o["ece_at_stops"] <= 1.0
         assert o["tokens_saved"] == 1.0 - o["loop_tokens"] / 16.0
         assert 0.0 <= o["calibrated_floor"] <= 1.0
+        # One source: its own figures are the pooled ones.
+        (mine,) = o["by_source"].values()
+        assert mine["ece_at_stops"] == pytest.approx(o["ece_at_stops"])
+        assert mine["calibrated_median"] == pytest.approx(o["calibrated_floor"])
+        assert mine["calibrated_median"] <= mine["calibrated_p95"]
         assert o["threshold"] in LOOP_THRESHOLDS
     assert "held-out tokens saved: median" in script.stdout
 
