@@ -75,7 +75,10 @@ async def test_greedy_batch_gives_the_single_path_tokens(
 async def test_one_sample_takes_the_single_path(
     large_engine: LlamaCppEngine, batched: LlamaCppEngine
 ) -> None:
-    params = SamplingParams(max_tokens=10, temperature=0, logprobs=True, top_logprobs=2)
+    # 8 tokens: the story's tenth is a near tie between the end of turn and " It", which
+    # a prompt evaluated in other chunks (a cached prefix) can tip either way on some
+    # CPUs even on the single path, as the batch does above.
+    params = SamplingParams(max_tokens=8, temperature=0, logprobs=True, top_logprobs=2)
     alone = (await large_engine.generate(STORY, params)).samples[0]
     before = batched.batched_samples
     one = (await batched.generate(STORY, params)).samples[0]
