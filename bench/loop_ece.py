@@ -10,7 +10,7 @@ above which an ECE says the P is miscalibrated rather than the sample small. --p
 draws the reliability diagram.
 
     .venv/bin/python bench/loop_ece.py bench/out/bank_qwen_rest.jsonl \\
-        bench/out/bank_qwen_held.jsonl --plot docs/img/loop_ece.png
+        bench/out/bank_qwen_held.jsonl --plot docs/img/loop_ece_qwen.png
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", help="held-out trace bank files")
     parser.add_argument("--orders", type=int, default=DEFAULT_ORDERS)
-    parser.add_argument("--seed", type=int, default=0, help="of the bootstrap and the floor")
+    parser.add_argument("--seed", type=int, default=0, help="of the calibrated P's label draws")
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--plot", help="write the reliability diagram here (PNG)")
     args = parser.parse_args(argv)
@@ -129,6 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     p = np.array([o.probability for _, o in outcomes])
     y = np.array([o.correct for _, o in outcomes])
+    # A question is its run (the same object in every order's outcome), not its id,
+    # which two bank files could both use.
     index = {id(run): i for i, run in enumerate(runs)}
     questions = np.array([index[id(run)] for run, _ in outcomes])
     sources = np.array([run.source or "-" for run, _ in outcomes])
