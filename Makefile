@@ -112,10 +112,11 @@ default-router: $(STAMP)
 # test set (--then-rest): its other 932 questions go to bank_qwen_rest.jsonl, held out
 # from everything, and the split of the first 240 stays as it was (--per-source 240).
 #
-# Banking it all takes about 4.5 hours on 2 cores, nearly all of it the worked answers,
-# so the bank is kept in the repository as xz shards under $(BANKS) (bench/bank_shards.py)
-# and banking resumes from them: with every shard in place this target only splits and
-# fits. After banking more, `make pack-banks` writes the new runs into new shards.
+# Banking it all takes about 5.5 hours on 2 cores, most of it the worked answers (the
+# other 932 ARC questions took under one), so the bank is kept in the repository as xz
+# shards under $(BANKS) (bench/bank_shards.py) and banking resumes from them: with every
+# shard in place this target only splits and fits. After banking more, `make pack-banks`
+# writes the new runs into new shards.
 BANKS := bench/banks
 BANK_SOURCES := arc_challenge gsm8k
 # $(call bank_source,SOURCE,QUESTIONS,CONVERT FLAGS,BANK FLAGS)

@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from evaluator.runs import read_runs, write_runs
+from gateway.config import load_config
 from tests.support import ROOT
 from tests.test_loop_replay import synthetic_bank
 
@@ -62,4 +63,6 @@ def test_a_bank_too_short_for_a_round_is_a_clear_error(tmp_path: Path) -> None:
     write_runs([msgspec.structs.replace(r, samples=r.samples[:1]) for r in runs], bank)
     done = run(str(bank))
     assert done.returncode == 2
-    assert "fewer than a round of 2" in done.stderr
+    loop = load_config().loop
+    assert loop is not None
+    assert f"fewer than a round of {loop.branches}" in done.stderr
