@@ -41,16 +41,120 @@ _NEGATIONS = {
 }  # fmt: skip
 # "Why or why not?" and "if not, ..." ask no negative question.
 _IDLE_NOT = re.compile(r"\b(?:why|or|if)\s+not\b", re.IGNORECASE)
-# Pairs whose members flip an answer while embedding almost alike.
-_OPPOSITES = [
-    ("enable", "disable"), ("allow", "deny"), ("add", "remove"), ("increase", "decrease"),
-    ("before", "after"), ("above", "below"), ("max", "min"), ("maximum", "minimum"),
-    ("more", "less"), ("most", "least"), ("buy", "sell"), ("import", "export"),
-    ("encrypt", "decrypt"), ("upload", "download"), ("start", "stop"), ("open", "close"),
-    ("true", "false"), ("yes", "no"), ("left", "right"), ("first", "last"),
-    ("best", "worst"), ("advantages", "disadvantages"), ("pros", "cons"),
-]  # fmt: skip
-_OPPOSITE_OF = {a: b for a, b in _OPPOSITES} | {b: a for a, b in _OPPOSITES}
+# Scales whose two ends flip an answer while embedding almost alike: a word of one end
+# in one prompt only, against a word of the other end in the other prompt only. Each
+# end holds the forms and near synonyms of one meaning ("safe", "harmless"), so that a
+# synonym of the same end ("unsafe", "dangerous") is no flip. One scale a line (a
+# backslash goes on), its ends apart by "|".
+_SCALES = """
+enable enabled enables activate activated | disable disabled disables deactivate deactivated
+allow allowed allows permit permitted permits permissible accept accepted accepts approve \
+    approved | deny denied denies forbid forbidden forbids prohibit prohibited ban banned disallow \
+    disallowed reject rejected rejects refuse refused decline declined
+legal lawful legally | illegal unlawful illegally
+safe safer safest harmless secure | unsafe dangerous hazardous harmful risky toxic deadly poisonous
+add added adds insert include includes included including cover covers covered | remove \
+    removed removes delete deleted exclude excludes excluded excluding
+increase increases increased raise raises raised rise rises boost boosts grow grows gain gains \
+    | decrease decreases decreased lower lowers lowered reduce reduces reduced drop drops fall \
+    falls shrink shrinks cut cuts lose loses
+high higher highest tall taller tallest above over upper | low lower lowest below under beneath
+big bigger biggest large larger largest huge greater greatest | small smaller smallest little \
+    tiny lesser
+more most | less least fewer fewest
+long longer longest | short shorter shortest brief
+fast faster fastest quick quicker quickest rapid rapidly quickly | slow slower slowest slowly \
+    sluggish
+old older oldest elder | young younger youngest new newer newest
+heavy heavier heaviest | light lighter lightest
+hot hotter hottest warm warmer | cold colder coldest cool cooler
+deep deeper deepest | shallow shallower shallowest
+expensive pricey pricier costly | cheap cheaper cheapest inexpensive affordable
+good better best superior | bad worse worst inferior
+easy easier easiest simple simpler | hard harder hardest difficult tough
+strong stronger strongest | weak weaker weakest
+true correct right | false wrong incorrect
+win wins won succeed succeeds success pass passes passed | lose loses lost fail fails failed \
+    failure
+before prior earlier until till within | after later since beyond past
+early earlier | late later
+inside indoors internal inner inbound incoming import | outside outdoors external outer \
+    outbound outgoing export
+on | off
+open opened opens | close closed closes shut
+start started starts begin | stop stopped stops end
+buy bought buys | sell sold sells
+encrypt encrypted encode encoded | decrypt decrypted decode decoded
+upload uploaded | download downloaded
+max maximum | min minimum
+yes | no
+left | right
+first | last
+advantages pros benefits | disadvantages cons drawbacks
+positive plus profit | negative minus loss deficit
+required mandatory compulsory obligatory | optional voluntary
+public | private
+free | paid
+stable reliable | unstable flaky unreliable
+stateful | stateless
+full | empty
+rich wealthy | poor
+same similar identical | different distinct
+wide wider | narrow narrower
+thick thicker | thin thinner
+north northern | south southern
+east eastern | west western
+ascending | descending
+uppercase | lowercase
+synchronous sync | asynchronous async
+lock locked | unlock unlocked
+present available | absent unavailable missing
+agree agrees support supports | disagree disagrees oppose opposes against
+attach attached | detach detached
+join joined | leave left
+arrive arrives arrival | depart departs departure
+push | pull
+import | export
+input | output
+healthy | unhealthy sick
+valid | invalid
+# Quantifiers: "all" and "some" ask different things; "any" is left out ("is there
+# any way" asks what "is there a way" does).
+all every always everyone everybody everything | some sometimes several someone somebody something
+most usually often mostly | few rarely seldom
+"""
+
+
+def _read_scales(text: str) -> tuple[tuple[frozenset[str], frozenset[str]], ...]:
+    """The scales of ``text``; a line beginning "#" is a comment."""
+    lines = (line for line in text.strip().splitlines() if not line.startswith("#"))
+    return tuple(
+        (frozenset(low.split()), frozenset(high.split()))
+        for low, high in (line.split("|") for line in lines)
+    )
+
+
+_POLES = _read_scales(_SCALES)
+
+
+def _scales_by_word() -> dict[str, list[tuple[int, int]]]:
+    """Each word of a scale: the scales it is on (by index) and at which end (0 or 1)."""
+    ends: dict[str, list[tuple[int, int]]] = {}
+    for scale, both_ends in enumerate(_POLES):
+        for end, words in enumerate(both_ends):
+            for word in words:
+                ends.setdefault(word, []).append((scale, end))
+    return ends
+
+
+_ENDS = _scales_by_word()
+# Prefixes that turn a word into its opposite ("safe", "unsafe"), each with the shortest
+# stem it counts on ("unit" is no "it" undone; "de" prefixes too many words of its own).
+_NEGATING_PREFIXES = {
+    "un": 4, "in": 4, "im": 4, "il": 4, "ir": 4, "dis": 4, "non": 4, "mis": 4, "anti": 4, "de": 5,
+}  # fmt: skip
+# Prefixes written apart ("non-toxic" reads as "non toxic").
+_NEGATING_PARTICLES = {"non", "anti", "un"}
 # Units that are also everyday words ("in", "a day") count only right after a number
 # (or "many", "per"): "5 in" is a length, "in 1943" is not.
 _UNITS_AFTER_NUMBER = {
@@ -91,7 +195,11 @@ _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 
 class GuardSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     numbers: bool = True  # numbers (digits, number words) must match, in the same roles
-    negation: bool = True  # negations and opposite words must match
+    negation: bool = True  # negations (not, never, n't, without...) must match in number
+    # Neither prompt may hold the opposite of a word of the other: the other end of a
+    # scale (safe/dangerous, faster/slower, all/some, within/after), or the word with a
+    # negating prefix (legal/illegal, toxic/non-toxic).
+    polarity: bool = True
     entities: bool = True  # names and units of each must be in the other, in the same roles
     order: bool = True  # shared words must not trade places ("A beat B", "B beat A")
     # Near-identical prompts must not differ in one content word ("square face", "oval
@@ -305,6 +413,7 @@ def explain(cached: str, query: str, settings: GuardSettings) -> tuple[str, str]
     guards: tuple[tuple[str, bool, Callable[[_Pair], str | None]], ...] = (
         ("numbers", settings.numbers, _numbers_differ),
         ("negation", settings.negation, _negation_differs),
+        ("polarity", settings.polarity, _polarity_differs),
         ("entities", settings.entities, _entities_differ),
         ("order", settings.order, _order_differs),
         ("substitution", settings.substitution, _word_substituted),
@@ -336,17 +445,40 @@ def _numbers_differ(pair: _Pair) -> str | None:
 
 
 def _negation_differs(pair: _Pair) -> str | None:
-    if negations(pair.cached) != negations(pair.query):
-        return "not"
-    # An opposite counts only against its counterpart: "attract more girls" and
-    # "attract girls" ask the same; "more" against "less" does not.
-    only_cached = set(pair.cached_words) - set(pair.query_words)
-    only_query = set(pair.query_words) - set(pair.cached_words)
-    for word in sorted(only_cached):
-        opposite = _OPPOSITE_OF.get(word)
-        if opposite is not None and opposite in only_query:
+    return "not" if negations(pair.cached) != negations(pair.query) else None
+
+
+def _polarity_differs(pair: _Pair) -> str | None:
+    """A word at one end of a scale in one prompt only, against a word at the other end
+    in the other only; a word and its negating-prefix form; a prefix written apart."""
+    cached_only = set(pair.cached_words) - set(pair.query_words)
+    query_only = set(pair.query_words) - set(pair.cached_words)
+    # An end counts only against the other end: "attract more girls" and "attract
+    # girls" ask the same; "more" against "less" does not.
+    theirs = {(scale, end): word for word, scale, end in _scale_ends(pair.query_words, query_only)}
+    for word, scale, end in _scale_ends(pair.cached_words, cached_only):
+        if (opposite := theirs.get((scale, 1 - end))) is not None:
             return f"{word} <-> {opposite}"
-    return None
+    for word, others in sorted(
+        [(w, query_only) for w in cached_only] + [(w, cached_only) for w in query_only]
+    ):
+        for prefix, shortest in _NEGATING_PREFIXES.items():
+            stem = word.removeprefix(prefix)
+            if len(stem) >= shortest and stem != word and any(_same_word(stem, w) for w in others):
+                return f"{word} <-> {stem}"
+    particles = (cached_only | query_only) & _NEGATING_PARTICLES
+    return min(particles) if particles else None
+
+
+def _scale_ends(words: list[str], only: set[str]) -> list[tuple[str, int, int]]:
+    """(word, scale, end) of each word of ``only`` that sits at an end of a scale; after
+    "less" it counts at the other end ("less expensive" is "cheaper")."""
+    found = []
+    for i, word in enumerate(words):
+        if word in only:
+            flipped = i > 0 and words[i - 1] in ("less", "least")
+            found += [(word, scale, end ^ flipped) for scale, end in _ENDS.get(word, ())]
+    return found
 
 
 def _entities_differ(pair: _Pair) -> str | None:

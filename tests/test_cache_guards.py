@@ -14,9 +14,32 @@ NEAR_MISSES = [
     ("What is 15% of 80?", "What is 15% of 90?", "numbers"),
     ("What is 6 divided by 3?", "What is 3 divided by 6?", "numbers"),
     ("Split the bill between two people", "Split the bill between three people", "numbers"),
-    ("How do I enable 2FA on my account?", "How do I disable 2FA on my account?", "negation"),
+    ("How do I enable 2FA on my account?", "How do I disable 2FA on my account?", "polarity"),
     ("Is it safe to eat raw eggs?", "Is it not safe to eat raw eggs?", "negation"),
     ("Why can I log in?", "Why can't I log in?", "negation"),
+    # Polarity (issue 32's probes): the other end of a scale, a negating prefix, a quantifier.
+    (
+        "Is this medication safe during pregnancy?",
+        "Is this medication unsafe during pregnancy?",
+        "polarity",
+    ),
+    (
+        "Is it legal to drive at 16 in California?",
+        "Is it illegal to drive at 16 in California?",
+        "polarity",
+    ),
+    ("Is Python faster than C?", "Is Python slower than C?", "polarity"),
+    ("Is the Sun larger than the Earth?", "Is the Sun smaller than the Earth?", "polarity"),
+    ("Are refunds allowed within 30 days?", "Are refunds allowed after 30 days?", "polarity"),
+    ("Do all mammals lay eggs?", "Do some mammals lay eggs?", "polarity"),
+    ("Does caffeine raise heart rate?", "Does caffeine lower heart rate?", "polarity"),
+    (
+        "Is the return window longer than 14 days?",
+        "Is the return window shorter than 14 days?",
+        "polarity",
+    ),
+    ("Is renting cheaper than buying?", "Is renting more expensive than buying?", "polarity"),
+    ("Is this mushroom toxic?", "Is this mushroom non-toxic?", "polarity"),
     ("What is the capital of France?", "What is the capital of Germany?", "entities"),
     ("Is Paris bigger than London?", "Is London bigger than Paris?", "entities"),
     ("Convert 5 km to miles", "Convert 5 miles to km", "entities"),
@@ -74,6 +97,15 @@ PARAPHRASES = [
     ),
     # An opposite counts only against its counterpart.
     ("How can I attract more customers?", "How can I attract customers?"),
+    # The same end of a scale in other words; "less" turns a word around; "any" is idle.
+    (
+        "Is this medication unsafe during pregnancy?",
+        "Is this medication dangerous during pregnancy?",
+    ),
+    ("Is it illegal to drive at 16?", "Is it against the law to drive at 16?"),
+    ("Does caffeine raise heart rate?", "Does caffeine increase your heart rate?"),
+    ("Is renting cheaper than buying?", "Is renting less expensive than buying?"),
+    ("Is there any way to speed up pip install?", "Is there a way to speed up pip install?"),
     ("How do I start a blog?", "How can I start a blog?"),
 ]
 
@@ -91,7 +123,10 @@ def test_paraphrases_pass(cached: str, query: str) -> None:
 def test_each_guard_can_be_switched_off() -> None:
     assert veto("What is 15% of 80?", "What is 15% of 90?", GuardSettings(numbers=False)) is None
     off = GuardSettings(negation=False)
+    assert veto("Can I log in?", "Can't I log in?", off) is None
+    off = GuardSettings(polarity=False)
     assert veto("How do I enable 2FA?", "How do I disable 2FA?", off) is None
+    assert veto("Is it legal?", "Is it illegal?", off) is None
     off = GuardSettings(entities=False)
     assert veto("Capital of France?", "Capital of Germany?", off) is None
     off = GuardSettings(order=False)
@@ -115,9 +150,11 @@ def test_explain_names_the_words() -> None:
         "coffee <-> tea",
     )
     assert explain("How do I enable 2FA?", "How do I disable 2FA?", ALL) == (
-        "negation",
+        "polarity",
         "enable <-> disable",
     )
+    assert explain("Is it legal?", "Is it illegal?", ALL) == ("polarity", "legal <-> illegal")
+    assert explain("Is it wise?", "Is it unwise?", ALL) == ("polarity", "unwise <-> wise")
     assert explain("Capital of France?", "Capital of Germany?", ALL) == ("entities", "france")
     assert explain("Who wrote Hamlet?", "Who is the author of Hamlet?", ALL) is None
 
