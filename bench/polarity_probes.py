@@ -18,7 +18,6 @@ code and read once the lists were fixed (docs/benchmarks.md).
 from __future__ import annotations
 
 import argparse
-import json
 from collections import defaultdict
 from pathlib import Path
 
@@ -59,45 +58,50 @@ def served(probes: list[Probe], settings: CacheSettings, embedder: Embedder) -> 
     return [bool(s >= threshold) for s in result.score]
 
 
-def _rate(hits: int, n: int) -> dict[str, object]:
-    low, high = wilson(hits, n)
-    return {"served": hits, "of": n, "rate": round(hits / n, 4) if n else None,
-            "ci95": [round(low, 4), round(high, 4)]}  # fmt: skip
+class Rate(msgspec.Struct, frozen=True):
+    served: int
+    of: int
+    low: float  # the 95% Wilson interval of served/of
+    high: float
+
+    @classmethod
+    def of_hits(cls, hits: list[bool]) -> Rate:
+        low, high = wilson(sum(hits), len(hits))
+        return cls(sum(hits), len(hits), max(0.0, low), high)  # low is -1e-17 for none
+
+    def __str__(self) -> str:
+        return f"{self.served}/{self.of} ({self.low:.2f}-{self.high:.2f})"
 
 
-def report(probes: list[Probe], columns: dict[str, list[bool]]) -> dict[str, object]:
-    """Per column: flips served (wrong answers) by kind and in all, paraphrases served."""
-    out: dict[str, object] = {"probes": len(probes)}
-    for name, hits in columns.items():
-        by_kind: dict[str, list[bool]] = defaultdict(list)
-        for probe, hit in zip(probes, hits, strict=True):
-            by_kind[probe.flip].append(hit)
-        flips = [h for p, h in zip(probes, hits, strict=True) if not p.same]
-        same = [h for p, h in zip(probes, hits, strict=True) if p.same]
-        out[name] = {
-            "flips_served": _rate(sum(flips), len(flips)),
-            "paraphrases_served": _rate(sum(same), len(same)),
-            "by_kind": {k: _rate(sum(v), len(v)) for k, v in sorted(by_kind.items())},
-        }
-    return out
+class Column(msgspec.Struct, frozen=True):
+    """One guard setting's probes served: flips (wrong answers), paraphrases, by kind."""
+
+    flips_served: Rate
+    paraphrases_served: Rate
+    by_kind: dict[str, Rate]
 
 
-def _table(figures: dict[str, object], columns: list[str]) -> str:
-    """One row per flip kind, then the totals: served/of (rate, 95% interval)."""
+def column(probes: list[Probe], hits: list[bool]) -> Column:
+    by_kind: dict[str, list[bool]] = defaultdict(list)
+    for probe, hit in zip(probes, hits, strict=True):
+        by_kind[probe.flip].append(hit)
+    return Column(
+        flips_served=Rate.of_hits([h for p, h in zip(probes, hits, strict=True) if not p.same]),
+        paraphrases_served=Rate.of_hits([h for p, h in zip(probes, hits, strict=True) if p.same]),
+        by_kind={kind: Rate.of_hits(h) for kind, h in sorted(by_kind.items())},
+    )
 
-    def cell(rate: dict[str, object]) -> str:
-        low, high = rate["ci95"]  # type: ignore[misc]
-        return f"{rate['served']}/{rate['of']} ({low:.2f}-{high:.2f})"
 
-    per_column = [figures[c] for c in columns]
-    kinds = list(per_column[0]["by_kind"])  # type: ignore[index]
+def table(columns: dict[str, Column]) -> str:
+    """One row per kind of probe, then the totals: served/of (95% interval)."""
+    kinds = list(next(iter(columns.values())).by_kind)
     lines = ["| probes | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for kind in kinds:
-        row = [cell(c["by_kind"][kind]) for c in per_column]  # type: ignore[index]
-        lines.append(f"| {kind} | " + " | ".join(row) + " |")
-    for total in ("flips_served", "paraphrases_served"):
-        row = [cell(c[total]) for c in per_column]  # type: ignore[index]
-        lines.append(f"| **{total.replace('_', ' ')}** | " + " | ".join(row) + " |")
+        cells = [str(c.by_kind[kind]) for c in columns.values()]
+        lines.append(f"| {kind} | " + " | ".join(cells) + " |")
+    for name in ("flips_served", "paraphrases_served"):
+        cells = [str(getattr(c, name)) for c in columns.values()]
+        lines.append(f"| **{name.replace('_', ' ')}** | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -114,18 +118,18 @@ def main() -> None:
     embedder = Embedder(config.embedder, Path(config.models_dir))
     embedder.load()
     guards_off = msgspec.structs.replace(settings.guards, polarity=False)
-    columns = {
+    hits = {
         "guards": served(probes, settings, embedder),
         "polarity_off": served(
             probes, msgspec.structs.replace(settings, guards=guards_off), embedder
         ),
     }
-    figures = report(probes, columns)
+    columns = {name: column(probes, h) for name, h in hits.items()}
     if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
-    print(_table(figures, list(columns)))
+        Path(args.json).write_bytes(msgspec.json.encode(columns) + b"\n")
+    print(table(columns))
     if args.list:
-        for probe, hit in zip(probes, columns["guards"], strict=True):
+        for probe, hit in zip(probes, hits["guards"], strict=True):
             if hit != probe.same:
                 wrong = "served" if hit else "not served"
                 print(f"{wrong}: {probe.flip}: {probe.cached!r} -> {probe.query!r}")

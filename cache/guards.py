@@ -118,9 +118,12 @@ import | export
 input | output
 healthy | unhealthy sick
 valid | invalid
-# Quantifiers: "all" and "some" ask different things; "any" is left out ("is there
-# any way" asks what "is there a way" does).
-all every always everyone everybody everything | some sometimes several someone somebody something
+during while | before after
+# Quantifiers: "all", "most" and "some" ask three things. "any" counts only against
+# "all": "is there any way" asks what "is there a way" does.
+all every always everyone everybody everything | some sometimes several someone somebody \
+    something any anyone anybody anything
+all every always everyone everybody everything | most usually often mostly many
 most usually often mostly | few rarely seldom
 """
 
