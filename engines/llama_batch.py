@@ -95,17 +95,22 @@ class BatchContext:
             llama_cpp.llama_memory_seq_cp(memory, 0, seq, -1, -1)
         return last
 
-    def _keep_prefix(self, tokens: Sequence[int]) -> int:
-        """Empty the cache but for the longest start of ``tokens`` sequence 0 holds;
-        how many tokens that is."""
-        memory = llama_cpp.llama_get_memory(self.ctx)
+    def held(self, tokens: Sequence[int]) -> int:
+        """How many of the first ``tokens`` sequence 0 holds, and ``prefill`` need not
+        decode again."""
         common = 0
         for held, token in zip(self._held, tokens, strict=False):
             if held != token:
                 break
             common += 1
         # The last prompt token is decoded again: its logits are the first sample's.
-        common = min(common, len(tokens) - 1)
+        return max(0, min(common, len(tokens) - 1))
+
+    def _keep_prefix(self, tokens: Sequence[int]) -> int:
+        """Empty the cache but for the longest start of ``tokens`` sequence 0 holds;
+        how many tokens that is."""
+        memory = llama_cpp.llama_get_memory(self.ctx)
+        common = self.held(tokens)
         if common > 0 and llama_cpp.llama_memory_seq_rm(memory, -1, common, -1):
             for seq in range(1, self.sequences):
                 llama_cpp.llama_memory_seq_rm(memory, seq, -1, -1)

@@ -44,7 +44,8 @@ from engines.base import (
 from engines.bundled import model_file
 from engines.fanout import EngineCounters, FanOutEngine, SampleDone, expired
 from engines.gathering import Gathering, Group, Member
-from engines.llama_batch import BatchContext, SequenceSampler, logits_row
+from engines.llama_batch import BatchContext, BatchDecodeFailed, SequenceSampler, logits_row
+from engines.llama_prefill import PrefillSpeed, interruptible, past
 from engines.native_check import check_models
 from engines.settings import LlamaCppSettings
 from engines.stops import StopMatcher
@@ -132,6 +133,11 @@ class _Worker:
         self.token_bytes = TokenBytes(self.llm)
         self.tokens_generated = 0  # read by the engine for its token counter
         self.batched_samples = 0  # samples decoded beside others, read the same way
+        # Samples that ended before their prompt was read: refused at once (it could not
+        # be read in time), or stopped while it was read (the deadline, a cancel).
+        self.prompts_refused = 0
+        self.prompts_stopped = 0
+        self.prefill = PrefillSpeed()
         self._batch_sequences = settings.batch_sequences
         self._batch: BatchContext | None = None  # made at the first batch
 
@@ -164,10 +170,13 @@ class _Worker:
         ]
         try:
             running = [s for s in sequences if s.goes_on()]
+            first_row = None
             if running:
-                row = batch.prefill(prompt_tokens, len(sequences))
-                for sequence in running:
-                    sequence.row = row
+                first_row = self._read_prompt(batch, prompt_tokens, running, len(sequences))
+            if first_row is None:  # nothing to sample: no sample goes on, or none was read
+                return
+            for sequence in running:
+                sequence.row = first_row
             while running:
                 running = [s for s in running if s.take() and s.goes_on()]
                 if running:
@@ -177,6 +186,38 @@ class _Worker:
         finally:
             for sequence in sequences:
                 sequence.close()
+
+    def _read_prompt(
+        self,
+        batch: BatchContext,
+        prompt_tokens: list[int],
+        running: list[_Sequence],
+        copies: int,
+    ) -> int | None:
+        """The prompt read into the batch for ``running`` (and copied to ``copies``
+        sequences): the row whose logits predict the first token, or None when it was
+        not read and every sample has ended (refused for the deadline, or stopped)."""
+        unread = len(prompt_tokens) - batch.held(prompt_tokens)
+        deadlines = [s.deadline for s in running]
+        latest = None if None in deadlines else max(d for d in deadlines if d is not None)
+        if self.prefill.cannot_read(unread, latest):
+            self.prompts_refused += len(running)
+            for sequence in running:
+                sequence.unread()
+            return None
+        reading = time.monotonic()
+        try:
+            with interruptible(batch.ctx, lambda: all(s.stopped() for s in running)):
+                row = batch.prefill(prompt_tokens, copies)
+        except BatchDecodeFailed:
+            if not all(s.stopped() for s in running):
+                raise  # llama.cpp failed for a reason of its own
+            self.prompts_stopped += len(running)
+            for sequence in running:
+                sequence.unread()
+            return None
+        self.prefill.note(unread, time.monotonic() - reading)
+        return row
 
     def run(
         self,
@@ -193,25 +234,49 @@ class _Worker:
         text, add_bos, lstrip = prompt
         prompt_tokens = self._prompt_tokens(engine, text, add_bos)
         budget = min(params.max_tokens, self.context_tokens - len(prompt_tokens))
+        answer = _Answer(index, lstrip, emit)
+        unread = len(prompt_tokens) - self._held(prompt_tokens)
+        if self.prefill.cannot_read(unread, deadline):
+            self.prompts_refused += 1
+            return _unread(answer, "deadline", started, len(prompt_tokens))
+        tokens = self._sampled_tokens(prompt_tokens, params)
+        reading = time.monotonic()
+        try:
+            # The first step reads the prompt, then samples the first token.
+            with interruptible(self.llm._ctx.ctx, lambda: cancel.is_set() or past(deadline)):
+                first = next(tokens)
+        except RuntimeError:
+            tokens.close()
+            if not (cancel.is_set() or past(deadline)):
+                raise  # llama.cpp failed for a reason of its own
+            self.prompts_stopped += 1
+            finish: FinishReason = "cancelled" if cancel.is_set() else "deadline"
+            return _unread(answer, finish, started, len(prompt_tokens))
+        first_token_at = time.monotonic()
+        self.prefill.note(unread, first_token_at - reading)
         recorder = (
             LogprobRecorder(self.llm, self.token_bytes, params.top_logprobs)
             if params.logprobs
             else None
         )
-        answer = _Answer(index, lstrip, emit)
-        tokens = self._sampled_tokens(prompt_tokens, params)
         decoded = self._decode(
-            tokens, answer, StopMatcher(stops), recorder, budget, deadline, cancel
+            first, tokens, answer, StopMatcher(stops), recorder, budget, deadline, cancel
         )
-        first_token_at = decoded.first_token_at
         timings = Timings(
             queue_s=0.0,
-            first_token_s=None if first_token_at is None else first_token_at - started,
+            first_token_s=first_token_at - started,
             total_s=time.monotonic() - started,
         )
         return SampleDone(
             answer.sample(decoded.finish, decoded.tokens, timings), len(prompt_tokens)
         )
+
+    def _held(self, prompt_tokens: list[int]) -> int:
+        """How many of the prompt's first tokens the context holds from the last prompt
+        (``Llama.generate`` reads only the rest)."""
+        held = self.llm.input_ids[: min(self.llm.n_tokens, len(prompt_tokens))]
+        differ = np.flatnonzero(held != np.asarray(prompt_tokens[: len(held)]))
+        return int(differ[0]) if len(differ) else len(held)
 
     def _prompt_tokens(self, engine: str, text: str, add_bos: bool) -> list[int]:
         tokens = self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
@@ -235,6 +300,7 @@ class _Worker:
 
     def _decode(
         self,
+        token: int,
         tokens: Generator[int],
         answer: _Answer,
         matcher: StopMatcher,
@@ -243,28 +309,19 @@ class _Worker:
         deadline: float | None,
         cancel: threading.Event,
     ) -> _Decoded:
-        """Takes tokens into ``answer`` until the budget, a stop, the deadline or
-        ``cancel``; this loop runs once per token, so it keeps to local names."""
+        """Takes ``token``, then the tokens after it, into ``answer`` until the budget,
+        a stop, the deadline or ``cancel``; this loop runs once per token, so it keeps to
+        local names."""
         vocab = self.llm._model.vocab
         token_bytes = self.token_bytes
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         pending, flush = answer.pending, answer.flush
-        first_token_at: float | None = None
         count = 0
         finish: FinishReason = "length"
         matched = False
         # Each step of `tokens` decodes one token; checking before every step means
         # a cancelled or late sample computes at most one token more.
-        while count < budget:
-            if cancel.is_set():
-                finish = "cancelled"
-                break
-            if deadline is not None and time.monotonic() >= deadline:
-                finish = "deadline"
-                break
-            token = next(tokens)
-            if first_token_at is None:
-                first_token_at = time.monotonic()
+        while True:
             if llama_cpp.llama_vocab_is_eog(vocab, token):
                 finish = "stop"
                 break
@@ -277,18 +334,35 @@ class _Worker:
             if matched:
                 finish = "stop"
                 break
+            if count >= budget:
+                break
+            if cancel.is_set():
+                finish = "cancelled"
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                finish = "deadline"
+                break
+            token = next(tokens)
         tokens.close()
         if not matched:  # text held back as a possible stop sequence was not one
             flush(matcher.flush() + decoder.decode(b"", final=True), final=True)
-        return _Decoded(finish, count, first_token_at)
+        return _Decoded(finish, count)
 
 
 class _Decoded(NamedTuple):
-    """How a sample's decoding ended, how many tokens it took, and when the first came."""
+    """How a sample's decoding ended and how many tokens it took."""
 
     finish: FinishReason
     tokens: int
-    first_token_at: float | None
+
+
+def _unread(
+    answer: _Answer, finish: FinishReason, started: float, prompt_tokens: int
+) -> SampleDone:
+    """The empty sample of a prompt not read: refused for the deadline, or stopped."""
+    seconds = time.monotonic() - started
+    timings = Timings(queue_s=0.0, first_token_s=None, total_s=seconds)
+    return SampleDone(answer.sample(finish, 0, timings), prompt_tokens)
 
 
 class BatchSample(NamedTuple):
@@ -371,6 +445,19 @@ class _Sequence:
         if deadline is not None and time.monotonic() >= deadline:
             return self._end("deadline")
         return True
+
+    @property
+    def deadline(self) -> float | None:
+        return self._sample.deadline
+
+    def stopped(self) -> bool:
+        """Cancelled or past its deadline: nothing more is wanted of it."""
+        return self._sample.cancel.is_set() or past(self._sample.deadline)
+
+    def unread(self) -> None:
+        """End the sample before its prompt was read: it was cancelled, or the deadline
+        came (or would come) first."""
+        self._end("cancelled" if self._sample.cancel.is_set() else "deadline")
 
     def next_input(self) -> tuple[int, int, int]:
         """The last token, where it goes in the sequence, and the sequence."""
@@ -487,6 +574,16 @@ class LlamaCppEngine(FanOutEngine):
     def batched_samples(self) -> int:
         """Samples decoded in a batch with others of their prompt since start."""
         return sum(worker.batched_samples for worker in self._workers)
+
+    @property
+    def prompts_refused(self) -> int:
+        """Samples refused at once: their prompt could not be read before the deadline."""
+        return sum(worker.prompts_refused for worker in self._workers)
+
+    @property
+    def prompts_stopped(self) -> int:
+        """Samples stopped while their prompt was read: the deadline came, or a cancel."""
+        return sum(worker.prompts_stopped for worker in self._workers)
 
     @property
     def busy_slots(self) -> int:

@@ -178,3 +178,18 @@ async def test_a_loop_round_is_one_batch(batched: LlamaCppEngine) -> None:
     assert isinstance(result, LoopResult)
     assert len(result.trace.rounds[0].branches) == 4
     assert batched.batched_samples - before >= 4
+
+
+async def test_a_batch_stops_reading_its_prompt_at_the_deadline(batched: LlamaCppEngine) -> None:
+    """The prompt a batch shares obeys the deadline too, then every sample ends."""
+    long = (Message("user", "Stop us. " + "the old stone bridge by the river " * 240),)
+    stopped = batched.prompts_stopped
+    started = time.monotonic()
+    generation = await batched.generate(
+        long, SamplingParams(max_tokens=8, n=2, temperature=0.8), started + 0.5
+    )
+    assert time.monotonic() - started < 0.5 + 0.2
+    assert [s.finish_reason for s in generation.samples] == ["deadline", "deadline"]
+    assert batched.prompts_stopped == stopped + 2
+    after = await batched.generate(QUESTION, SamplingParams(max_tokens=8, n=2, temperature=0))
+    assert all("Rome" in s.text for s in after.samples)

@@ -226,3 +226,64 @@ async def test_models_loading_at_once_leave_stderr_where_it_was(
     finally:
         await asyncio.gather(*(engine.close() for engine in engines))
     assert (after.st_dev, after.st_ino) == (before.st_dev, before.st_ino)
+
+
+def _long_question(opening: str) -> tuple[Message, ...]:
+    """About 1,800 tokens (the small engine's context is 2,048): seconds of reading on
+    two cores, in llama.cpp's chunks of 512 tokens."""
+    return (Message("user", opening + " " + "the old stone bridge by the river " * 240),)
+
+
+async def test_a_long_prompt_stops_at_the_deadline(small_engine: LlamaCppEngine) -> None:
+    """Reading a prompt obeys the deadline as generation does: llama.cpp stops between
+    two nodes of its graph (issue 32: a 3,000-word prompt ran 35 s past a 5 s one)."""
+    await engine_idle(small_engine)
+    stopped = small_engine.prompts_stopped
+    started = time.monotonic()
+    generation = await small_engine.generate(
+        _long_question("Stop me."), SamplingParams(max_tokens=8), started + 0.5
+    )
+    elapsed = time.monotonic() - started
+    sample = generation.samples[0]
+    assert (sample.text, sample.finish_reason, sample.completion_tokens) == ("", "deadline", 0)
+    assert elapsed < 0.5 + 0.2
+    assert small_engine.prompts_stopped == stopped + 1
+    # The context is whole again: a short question after it is answered as before.
+    answer = await small_engine.generate(QUESTION, SamplingParams(max_tokens=8, temperature=0))
+    assert "Paris" in answer.text
+
+
+async def test_a_caller_that_leaves_mid_prompt_frees_the_slot(
+    small_engine: LlamaCppEngine,
+) -> None:
+    await engine_idle(small_engine)
+    reading = asyncio.create_task(
+        small_engine.generate(_long_question("Leave me."), SamplingParams(max_tokens=8))
+    )
+    await asyncio.sleep(0.5)
+    assert small_engine.busy_slots == 1
+    reading.cancel()
+    left = time.monotonic()
+    with contextlib.suppress(asyncio.CancelledError):
+        await reading
+    await engine_idle(small_engine)
+    assert time.monotonic() - left < 0.2
+
+
+async def test_a_prompt_that_cannot_be_read_in_time_is_refused_at_once(
+    small_engine: LlamaCppEngine,
+) -> None:
+    """Once the engine has measured how fast it reads, a prompt it cannot read before
+    the deadline ends at once instead of holding the slot until then."""
+    await small_engine.generate(  # a prompt read whole: its speed is measured
+        (Message("user", "Count the bridges: " + "one bridge, " * 60),),
+        SamplingParams(max_tokens=1),
+    )
+    refused = small_engine.prompts_refused
+    started = time.monotonic()
+    generation = await small_engine.generate(
+        _long_question("Refuse me."), SamplingParams(max_tokens=8), started + 1.0
+    )
+    assert time.monotonic() - started < 0.2
+    assert generation.samples[0].finish_reason == "deadline"
+    assert small_engine.prompts_refused == refused + 1

@@ -232,6 +232,17 @@ class _Slots(Protocol):
     def busy_slots(self) -> int: ...
 
 
+@runtime_checkable
+class _PromptReads(Protocol):
+    """An engine that reads prompts in this process, within their deadline."""
+
+    @property
+    def prompts_refused(self) -> int: ...
+
+    @property
+    def prompts_stopped(self) -> int: ...
+
+
 class _Collected(Collector):
     """The cache's and the engines' own counts, read at scrape time."""
 
@@ -290,6 +301,14 @@ class _Collected(Collector):
             "sample's until it has stopped)",
             labels=["engine"],
         )
+        unread = CounterMetricFamily(
+            "satisfice_engine_unread_prompts",
+            "Samples of an in-process engine that ended before their prompt was read: "
+            "refused at once because the prompt could not be read before the deadline at "
+            "the engine's measured speed (predicted), or stopped while it was read by the "
+            "deadline or a client that left (stopped)",
+            labels=["engine", "why"],
+        )
         for name, engine in self._engines.items():
             # Every engine has every series, at 0 where it has no breaker or fallback,
             # so that rates and alerts work from the first scrape.
@@ -311,8 +330,11 @@ class _Collected(Collector):
             if isinstance(engine, _Slots):
                 sampled.add_metric([name], engine.tokens_generated)
                 busy.add_metric([name], engine.busy_slots)
+            if isinstance(engine, _PromptReads):
+                unread.add_metric([name, "predicted"], engine.prompts_refused)
+                unread.add_metric([name, "stopped"], engine.prompts_stopped)
         yield from (tokens, waiting, overloads, breaker_open, breaker_opens, failovers)
-        yield from (sampled, busy)
+        yield from (sampled, busy, unread)
 
     @staticmethod
     def _cache_metrics(cache: SemanticCache) -> Iterator[Metric]:
