@@ -17,7 +17,7 @@ import msgspec
 
 from cache.entry import CacheEntry
 from cache.settings import MemoryStoreSettings
-from cache.store import Change, StoreStats, in_scope
+from cache.store import Change, FloorChange, StoreStats, in_scope
 
 log = logging.getLogger("satisfice.cache")
 
@@ -95,9 +95,23 @@ class MemoryStore:
 
     async def put(self, entries: list[CacheEntry]) -> list[CacheEntry]:
         for entry in entries:
-            self._entries.pop(entry.id, None)
+            old = self._entries.pop(entry.id, None)
+            same = old if old is not None and old.namespace == entry.namespace else None
+            # The floor its reports raised survives a fresh answer.
+            if same is not None and not same.expired() and same.floor > entry.floor:
+                entry = msgspec.structs.replace(entry, hit_floor=same.hit_floor)
             self._entries[entry.id] = entry
         return self._evict()
+
+    async def raise_floor(self, namespace: str, id_: int, floor: float) -> FloorChange | None:
+        entry = self.peek(namespace, id_)
+        if entry is None:
+            return None
+        if floor <= entry.floor:
+            return FloorChange(entry.floor, raised=False)
+        # In place: a report does not make the entry any younger for eviction.
+        self._entries[id_] = msgspec.structs.replace(entry, hit_floor=floor)
+        return FloorChange(floor, raised=True)
 
     def _evict(self) -> list[CacheEntry]:
         evicted = []

@@ -5,23 +5,27 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-# Semantic hits remembered per replica for feedback by request id: ~150 bytes each.
-RECENT_HITS = 50_000
+# Semantic hits remembered per tenant and replica for feedback by request id: ~150 bytes
+# each. Per tenant, so that one tenant's traffic never pushes out another's hits.
+RECENT_HITS_PER_TENANT = 20_000
 
 
 class RecentHits:
-    """The last semantic hits this replica served: (tenant, request id) -> (entry id,
-    score). Bounded: the oldest is forgotten first."""
+    """Each tenant's last semantic hits on this replica: request id -> (entry id, score).
+    Bounded per tenant: its oldest is forgotten first. Tenants are the config's (or
+    "default"), so their number is bounded too."""
 
-    def __init__(self, capacity: int = RECENT_HITS) -> None:
+    def __init__(self, capacity: int = RECENT_HITS_PER_TENANT) -> None:
         self.capacity = capacity
-        self._hits: OrderedDict[tuple[str, str], tuple[int, float | None]] = OrderedDict()
+        self._hits: dict[str, OrderedDict[str, tuple[int, float | None]]] = {}
 
     def add(self, tenant: str, request_id: str, entry: int, score: float | None) -> None:
-        self._hits[(tenant, request_id)] = (entry, score)
-        self._hits.move_to_end((tenant, request_id))
-        while len(self._hits) > self.capacity:
-            self._hits.popitem(last=False)
+        hits = self._hits.setdefault(tenant, OrderedDict())
+        hits[request_id] = (entry, score)
+        hits.move_to_end(request_id)
+        while len(hits) > self.capacity:
+            hits.popitem(last=False)
 
     def get(self, tenant: str, request_id: str) -> tuple[int, float | None] | None:
-        return self._hits.get((tenant, request_id))
+        hits = self._hits.get(tenant)
+        return None if hits is None else hits.get(request_id)

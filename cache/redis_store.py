@@ -48,6 +48,8 @@ from cache.settings import RedisStoreSettings
 from cache.store import (
     Change,
     Deleted,
+    FloorChange,
+    FloorRaised,
     Invalidated,
     Put,
     Resync,
@@ -80,6 +82,33 @@ _BULK_TIMEOUT_S: Final = 10.0
 _UNREACHABLE: Final = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, OSError)
 # Corrupt keys remembered so that each is logged once, up to this many.
 _CORRUPT_LOGGED_MAX: Final = 1000
+
+# Lua: one entry written and announced in one atomic step, keeping the hit_floor its
+# reports raised (HSET alone would keep fields the new entry lacks, so it is replaced
+# whole). KEYS: the entry, the stream. ARGV: the entry's own floor ("" for none), its
+# expiry in ms ("" for none), the stream's bound, origin and change, then its fields.
+# Returns the floor kept, or nil.
+_PUT: Final = """
+local kept = redis.call('HGET', KEYS[1], 'hit_floor')
+if ARGV[1] ~= '' and (not kept or tonumber(ARGV[1]) > tonumber(kept)) then kept = ARGV[1] end
+redis.call('UNLINK', KEYS[1])
+redis.call('HSET', KEYS[1], unpack(ARGV, 6))
+if kept then redis.call('HSET', KEYS[1], 'hit_floor', kept) end
+if ARGV[2] ~= '' then redis.call('PEXPIREAT', KEYS[1], ARGV[2]) end
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', 'origin', ARGV[4], 'change', ARGV[5])
+return kept
+"""
+# Lua: an entry's hit_floor raised to ARGV[1] if that is higher, never creating the
+# entry (a report racing an invalidation must not bring it back). KEYS and the rest of
+# ARGV as _PUT's. Returns {floor now, 1 if raised else 0}, or nil for no entry.
+_RAISE_FLOOR: Final = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return nil end
+local now = redis.call('HGET', KEYS[1], 'hit_floor')
+if now and tonumber(now) >= tonumber(ARGV[1]) then return {now, 0} end
+redis.call('HSET', KEYS[1], 'hit_floor', ARGV[1])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'origin', ARGV[3], 'change', ARGV[4])
+return {ARGV[1], 1}
+"""
 
 _INT = re.compile(rb"-?[0-9]+")
 _FLOAT = re.compile(rb"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
@@ -157,6 +186,10 @@ def _decode_entry(raw: Mapping[bytes, bytes]) -> CacheEntry:
             raise ValueError(f"unknown field {name[:40]!r}")
         values[field.name.decode()] = _decode_value(field.kind, value)
     return msgspec.convert(values, CacheEntry)  # missing required fields raise here
+
+
+def _ms(seconds: float) -> int:
+    return int(seconds * 1000)
 
 
 def _glob_escape(text: str) -> str:
@@ -315,6 +348,8 @@ class RedisStore:
         self._last_refusal = ""
         self._corrupt_logged: set[bytes] = set()
         self._near = NearCache(settings.near_cache_bytes) if settings.near_cache_bytes else None
+        self._put_script = self._redis.register_script(_PUT)
+        self._floor_script = self._redis.register_script(_RAISE_FLOOR)
         # The near cache answers only while the change follower runs: without it,
         # other replicas' changes would never reach it.
         self._following = False
@@ -373,40 +408,69 @@ class RedisStore:
         return None if self._near is None else self._near.stats()
 
     async def put(self, entries: list[CacheEntry]) -> list[CacheEntry]:
-        """Store and announce the entries in one transaction; Redis evicts by its own
-        maxmemory policy, so nothing is returned as evicted."""
+        """Store and announce the entries, each in one atomic step that keeps the floor
+        an earlier report raised; Redis evicts by its own maxmemory policy, so nothing
+        is returned as evicted."""
         now = time.time()
         live = [e for e in entries if not e.expired(now)]
         if not live:
             return []
 
-        def write(chunk: list[CacheEntry]) -> Callable[[Redis], Awaitable[None]]:
-            async def run(redis: Redis) -> None:
-                async with redis.pipeline(transaction=True) as pipe:
+        def write(chunk: list[CacheEntry]) -> Callable[[Redis], Awaitable[list[Any]]]:
+            async def run(redis: Redis) -> list[Any]:
+                async with redis.pipeline(transaction=False) as pipe:
                     for entry in chunk:
-                        key = self._key(entry.namespace, entry.id)
-                        # HSET alone would keep fields the new entry lacks (expires_at).
-                        pipe.unlink(key)
-                        pipe.hset(key, mapping=_encode_entry(entry))  # type: ignore[arg-type]
-                        if entry.expires_at is not None:
-                            pipe.pexpireat(key, int(entry.expires_at * 1000))
-                        self._announce(pipe, Put(entry))
-                    await pipe.execute()
+                        fields = _encode_entry(entry)
+                        floor = fields.pop(b"hit_floor", b"")
+                        expires = (
+                            b"" if entry.expires_at is None else b"%d" % (entry.expires_at * 1000)
+                        )
+                        flat = [value for pair in fields.items() for value in pair]
+                        await self._put_script(
+                            keys=[self._key(entry.namespace, entry.id), self._stream],
+                            args=[floor, expires, *self._announcement(Put(entry)), *flat],
+                            client=pipe,
+                        )
+                    return list(await pipe.execute())
 
             return run
 
-        # Bulk writes (a warm-up) go in small transactions: each round trip must fit
-        # in timeout_s, which is sized for one request's write-back.
+        # Bulk writes (a warm-up) go in small pipelines: each round trip must fit in
+        # timeout_s, which is sized for one request's write-back.
         for start in range(0, len(live), _PUT_CHUNK):
             chunk = live[start : start + _PUT_CHUNK]
             try:
-                await self._call(write(chunk))
+                floors = await self._call(write(chunk))
             except BaseException:
                 self._near_changed([e.id for e in chunk])  # written or not: not known
                 raise
             if self._near is not None:
-                self._near.wrote(chunk)
+                kept = [
+                    e if f is None else msgspec.structs.replace(e, hit_floor=float(f))
+                    for e, f in zip(chunk, floors, strict=True)
+                ]
+                self._near.wrote(kept)
         return []
+
+    async def raise_floor(self, namespace: str, id_: int, floor: float) -> FloorChange | None:
+        key = self._key(namespace, id_)
+        change = FloorRaised(namespace, id_, floor)
+
+        async def run(redis: Redis) -> Any:
+            return await self._floor_script(
+                keys=[key, self._stream],
+                args=[_encode_value(floor), *self._announcement(change)],
+                client=redis,
+            )
+
+        try:
+            reply = await self._call(run)
+        finally:  # raised or not, what this replica holds of it is read again
+            self._near_changed([id_])
+        if reply is None:
+            return None
+        now, raised = reply
+        return FloorChange(float(now), raised=bool(raised))
 
     async def delete(self, namespace: str, id_: int) -> bool:
         key = self._key(namespace, id_)
@@ -591,7 +655,7 @@ class RedisStore:
             return
         if isinstance(change, Put):
             self._near.changed(change.entry.id)
-        elif isinstance(change, Deleted):
+        elif isinstance(change, Deleted | FloorRaised):
             self._near.changed(change.id)
         elif isinstance(change, Invalidated):
             self._near.changed_scope(change.namespace)
@@ -624,6 +688,11 @@ class RedisStore:
             maxlen=self.settings.stream_max_len,
             approximate=True,
         )
+
+    def _announcement(self, change: Change) -> list[bytes]:
+        """What the scripts add to the stream for ``change``: the stream's length bound,
+        this store's origin, the encoded change (as ``_announce`` does)."""
+        return [b"%d" % self.settings.stream_max_len, self._origin, self._encoder.encode(change)]
 
     # -- round trips and the breaker ------------------------------------------------
 

@@ -33,6 +33,7 @@ from cache.settings import CacheSettings
 from cache.store import (
     CacheStore,
     Deleted,
+    FloorChange,
     Invalidated,
     Put,
     Resync,
@@ -136,6 +137,9 @@ class SemanticCache:
         self._faiss = ThreadPoolExecutor(1, thread_name_prefix="cache-index")
         self._gpu = gpu_resources(settings.index.device)
         self._tasks: list[asyncio.Task[None]] = []
+        # Whether the indexes were ever read from the store: until then (a replica that
+        # started while its Redis was down) an empty index says nothing about the store.
+        self._rebuilt = False
 
     async def start(self) -> None:
         await self.store.start()
@@ -236,6 +240,9 @@ class SemanticCache:
     async def _semantic(
         self, namespace: Namespace, prompt: str, embedding: Embedding, settings: CacheSettings
     ) -> Hit | Miss:
+        if not self._rebuilt:
+            self.counters.store_unavailable += 1
+            return Miss("store_unavailable")
         index = self._state.indexes.get(namespace.key)
         if not settings.semantic or index is None or len(index) == 0:
             return Miss("empty")
@@ -392,25 +399,26 @@ class SemanticCache:
 
     async def report_false_hit(
         self, tenant: str, id_: int, score: float | None
-    ) -> CacheEntry | None:
+    ) -> FloorChange | None:
         """A semantic hit on entry ``id_`` was wrong: raise the entry's floor above the
         score it was served at (halfway to certainty), so that query, and any the cache
         trusts no more, is not served it again; with no score, turn its semantic hits
-        off. Exact repeats still serve it. None: ``tenant`` has no such entry here."""
+        off. Exact repeats still serve it. One atomic step in the store: it never brings
+        back an entry deleted meanwhile, and a replayed report changes nothing. None:
+        ``tenant`` has no such entry here. Raises ``StoreUnavailable`` while the store
+        is, or before this process has read which entries it holds."""
         where = self._state.indexed.get(id_)
+        if where is None and not self._rebuilt:
+            raise StoreUnavailable("the cache index has not been read from the store yet")
         # The namespace key begins "tenant:": compared whole, so "acme:small" names no
         # tenant whose entries it could reach.
         if where is None or where[0].split(":", 1)[0] != tenant:
             return None
-        entry = await self.store.get(where[0], id_)
-        if entry is None:
-            return None
         floor = NEVER if score is None else score + (1.0 - score) / 2
-        updated = msgspec.structs.replace(entry, hit_floor=max(entry.floor, floor))
-        # Stored again whole: replicas follow the change like any other write.
-        await self.store.put([updated])
-        self.counters.false_hits_reported += 1
-        return updated
+        change = await self.store.raise_floor(where[0], id_, floor)
+        if change is not None and change.raised:
+            self.counters.false_hits_reported += 1
+        return change
 
     async def invalidate(self, selector: str | None) -> int:
         """Drop every entry under a namespace selector (see ``in_scope``), or every
@@ -486,7 +494,7 @@ class SemanticCache:
         except StoreUnavailable:
             log.warning("cache index not rebuilt: the store is unavailable")
             return
-        self._state = state
+        self._state, self._rebuilt = state, True
         log.info("cache index rebuilt: %d entries", count + len(batch))
 
     async def _follow_changes(self) -> None:

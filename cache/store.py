@@ -42,12 +42,29 @@ class Invalidated(msgspec.Struct, frozen=True, tag="invalidate"):
     namespace: str | None  # a selector (see in_scope); None: every namespace
 
 
+class FloorRaised(msgspec.Struct, frozen=True, tag="floor"):
+    """An entry's ``hit_floor`` rose (a semantic hit on it was reported wrong); the entry
+    is otherwise as it was."""
+
+    namespace: str
+    id: int
+    floor: float
+
+
 class Resync(msgspec.Struct, frozen=True, tag="resync"):
     """Changes may have been missed (an outage, a trimmed stream): rebuild from
     ``entries()``."""
 
 
-Change = Put | Deleted | Invalidated | Resync
+Change = Put | Deleted | Invalidated | FloorRaised | Resync
+
+
+class FloorChange(msgspec.Struct, frozen=True):
+    """An entry's floor after a report, and whether the report raised it (a report no
+    higher than an earlier one, a replay, changes nothing)."""
+
+    floor: float
+    raised: bool
 
 
 class StoreStats(msgspec.Struct, frozen=True, kw_only=True):
@@ -74,7 +91,14 @@ class CacheStore(Protocol):
     async def get_many(self, namespace: str, ids: list[int]) -> list[CacheEntry | None]: ...
 
     async def put(self, entries: list[CacheEntry]) -> list[CacheEntry]:
-        """Store (replacing by id); returns entries the store evicted to make room."""
+        """Store (replacing by id); returns entries the store evicted to make room. An
+        entry stored again keeps the floor its reports raised: answering the same prompt
+        anew undoes no report."""
+        ...
+
+    async def raise_floor(self, namespace: str, id_: int, floor: float) -> FloorChange | None:
+        """Raise the entry's ``hit_floor`` to ``floor`` if that is higher, in one atomic
+        step; None when there is no such live entry (it is never created)."""
         ...
 
     async def delete(self, namespace: str, id_: int) -> bool: ...

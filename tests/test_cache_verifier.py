@@ -261,6 +261,12 @@ def test_recent_hits_are_bounded_and_kept_per_tenant() -> None:
     hits.add("b", "r1", 2, None)
     assert hits.get("a", "r1") == (1, 0.9) and hits.get("b", "r1") == (2, None)
     assert hits.get("c", "r1") is None  # another tenant's request id names nothing
+    # One tenant's flood pushes out its own oldest hits, never another tenant's.
+    for n in range(10):
+        hits.add("b", f"flood-{n}", 10 + n, 0.9)
+    assert hits.get("a", "r1") == (1, 0.9)
+    assert hits.get("b", "r1") is None and hits.get("b", "flood-9") == (19, 0.9)
     hits.add("a", "r2", 3, 0.95)
+    hits.add("a", "r3", 4, 0.95)
     assert hits.get("a", "r1") is None  # the oldest is forgotten first
     assert hits.get("a", "r2") == (3, 0.95)

@@ -40,6 +40,9 @@ class FeedbackResult(msgspec.Struct, frozen=True, kw_only=True):
     entry_id: str
     # The score a semantic hit on the entry now needs (above 1: none serves).
     hit_floor: float
+    # Whether this report raised it; false when an earlier one had raised it as far (a
+    # replay): such a report changes nothing and is not counted again.
+    raised: bool
 
 
 @post(
@@ -86,8 +89,9 @@ async def feedback(
             404, f"tenant {caller.tenant!r} has no cache entry {entry_id} (expired, evicted "
             "or invalidated since, or another tenant's)", param="entry_id", code="not_found",
         )  # fmt: skip
-    runtime.metrics.false_hit_reported(caller.tenant)
-    return FeedbackResult(entry_id=str(updated.id), hit_floor=updated.floor)
+    if updated.raised:
+        runtime.metrics.false_hit_reported(caller.tenant)
+    return FeedbackResult(entry_id=str(entry_id), hit_floor=updated.floor, raised=updated.raised)
 
 
 def _named(data: FeedbackRequest, runtime: Runtime, tenant: str) -> tuple[int, float | None]:
@@ -106,7 +110,7 @@ def _named(data: FeedbackRequest, runtime: Runtime, tenant: str) -> tuple[int, f
         raise APIError(
             404,
             f"no semantic hit of tenant {tenant!r} with request id {shown(data.request_id)} "
-            f"among this replica's last {runtime.recent_hits.capacity}; name it by the "
+            f"among its last {runtime.recent_hits.capacity} on this replica; name it by the "
             "x-satisfice-cache-entry and x-satisfice-cache-score headers it came with",
             param="request_id",
             code="not_found",

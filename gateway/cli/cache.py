@@ -12,11 +12,11 @@ from pathlib import Path
 import msgspec
 
 from cache.calibration import OperatingPoints, write_calibration
-from cache.entry import CacheEntry
 from cache.pairs import PRECISION_TARGET, Sweep, plot, read_pairs, sweep
 from cache.semantic_cache import CacheStats, SemanticCache
 from cache.settings import CacheSettings
 from cache.standalone import opened
+from cache.store import FloorChange
 from cache.verifier import BUNDLED, Verification, Verifier
 from cache.warmup import DryRun, WarmupReport, dry_run_file, parse_queries, warm
 from gateway.config import GatewayConfig, load_config, valid_tenant
@@ -183,7 +183,7 @@ def cache_feedback(args: argparse.Namespace) -> int:
     if args.score is not None and not 0.0 <= args.score <= 1.0:
         raise SystemExit(f"--score {args.score} is not a P in [0, 1]")
 
-    async def run() -> CacheEntry | None:
+    async def run() -> FloorChange | None:
         async with opened(settings, writes=True) as cache:
             return await cache.report_false_hit(args.tenant, args.entry_id, args.score)
 
@@ -191,7 +191,8 @@ def cache_feedback(args: argparse.Namespace) -> int:
     if updated is None:
         print(f"tenant {args.tenant!r} has no cache entry {args.entry_id}", file=sys.stderr)
         return 1
-    print(json.dumps({"entry_id": str(updated.id), "hit_floor": updated.floor}))
+    print(json.dumps({"entry_id": str(args.entry_id), "hit_floor": updated.floor,
+                      "raised": updated.raised}))  # fmt: skip
     return 0
 
 
