@@ -62,8 +62,10 @@ def _deadline_ms(headers: Mapping[str, str]) -> int | None:
 def _cache_control(headers: Mapping[str, str]) -> CacheControl:
     """``x-satisfice-cache: bypass`` (do not look up), ``no-store`` (do not keep the
     answer), or both; HTTP's own ``Cache-Control: no-cache`` / ``no-store`` mean the
-    same, and ``only-if-cached`` answers a miss with 504 instead of generating (RFC
-    9111, 5.2.1.7)."""
+    same, ``max-age=N`` serves only answers cached in the last N seconds (0: none, as
+    ``no-cache``), and ``only-if-cached`` answers a miss with 504 instead of generating
+    (RFC 9111, 5.2.1). Without Cache-Control, HTTP/1.0's ``Pragma: no-cache`` is
+    ``no-cache`` (RFC 9111, 5.4)."""
     tokens = {t.strip().lower() for t in headers.get(CACHE_HEADER, "").split(",") if t.strip()}
     unknown = tokens - {"bypass", "no-store"}
     if unknown:
@@ -72,12 +74,28 @@ def _cache_control(headers: Mapping[str, str]) -> CacheControl:
             f"{CACHE_HEADER} has {shown(', '.join(sorted(unknown)))}; use bypass, no-store or both",
             param=CACHE_HEADER,
         )
-    standard = {t.strip().lower() for t in headers.get("cache-control", "").split(",")}
+    control = headers.get("cache-control")
+    if control is None:
+        control = "no-cache" if "no-cache" in headers.get("pragma", "").lower() else ""
+    directives = dict(_directive(d) for d in control.split(",") if d.strip())
+    max_age_s = _max_age(directives["max-age"]) if "max-age" in directives else None
     return CacheControl(
-        lookup="bypass" not in tokens and "no-cache" not in standard,
-        store="no-store" not in tokens and "no-store" not in standard,
-        only_cached="only-if-cached" in standard,
+        lookup="bypass" not in tokens and "no-cache" not in directives and max_age_s != 0,
+        store="no-store" not in tokens and "no-store" not in directives,
+        only_cached="only-if-cached" in directives,
+        max_age_s=max_age_s,
     )
+
+
+def _directive(text: str) -> tuple[str, str]:
+    name, _, value = text.partition("=")
+    return name.strip().lower(), value.strip().strip('"')
+
+
+def _max_age(value: str) -> int:
+    """A max-age's seconds; one that is not a number serves nothing cached (RFC 9111,
+    4.2.1: an invalid freshness lifetime means stale)."""
+    return int(value) if value.isascii() and value.isdigit() and len(value) <= 10 else 0
 
 
 def decision_headers(decision: Decision) -> dict[str, str]:

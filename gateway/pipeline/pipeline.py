@@ -133,6 +133,8 @@ class Pipeline:
         found = cache.exact_at_hand(plan.namespace, plan.prompt, policy.cache)
         if found is None or found.entry.completion_tokens > request.params.max_tokens:
             return None
+        if not policy.control.fresh(found.entry.created_at):
+            return None
         decision.cache = decision.route = found.path
         return Outcome(decision, _told(_served(found, decision))), found
 
@@ -184,9 +186,13 @@ class Pipeline:
             decision.similarity = found.candidate_similarity
             decision.cache_score = found.score
             return None
-        # An answer longer than the client allows is not its answer.
+        # An answer longer than the client allows is not its answer, nor one older
+        # than its Cache-Control: max-age.
         if found.entry.completion_tokens > request.params.max_tokens:
             decision.cache_stage = "too_long"
+            return None
+        if not policy.control.fresh(found.entry.created_at):
+            decision.cache_stage = "too_old"
             return None
         decision.cache = decision.route = found.path
         return _served(found, decision)

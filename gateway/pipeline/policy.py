@@ -7,6 +7,8 @@ asks the config or the tenant again.
 
 from __future__ import annotations
 
+import time
+
 import msgspec
 
 from cache.settings import CacheSettings
@@ -21,6 +23,12 @@ class CacheControl(msgspec.Struct, frozen=True):
     lookup: bool = True
     store: bool = True
     only_cached: bool = False  # a miss is an error, not an engine call
+    # Cache-Control: max-age: answers cached longer ago than this are not served.
+    max_age_s: int | None = None
+
+    def fresh(self, created_at: float) -> bool:
+        """Whether an answer cached at ``created_at`` (wall-clock seconds) may serve."""
+        return self.max_age_s is None or time.time() - created_at <= self.max_age_s
 
 
 ALL_CACHE = CacheControl()
