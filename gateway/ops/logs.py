@@ -259,6 +259,19 @@ def _line(message: str, args: tuple[object, ...], fields: dict[str, object]) -> 
         logger.handle(record)
 
 
+# What a log line or a span keeps of a name the client chose (an unknown model): enough
+# to read, never a megabyte of log for one 404.
+_NAME_CHARS = 128
+
+
+def clipped(name: str) -> str:
+    """``name`` as logs and traces keep it: whole when short, else its beginning and its
+    length."""
+    if len(name) <= _NAME_CHARS:
+        return name
+    return f"{name[:_NAME_CHARS]}... ({len(name)} characters)"
+
+
 def http_access(method: str, path: str, status: int, seconds: float) -> None:
     """The access line of a request other than a chat completion (0: no response began)."""
     fields: dict[str, object] = {
@@ -277,7 +290,7 @@ def access(decision: Decision, status: int, seconds: float, key: str | None) -> 
         "route": decision.route,
         "status": status,
         "duration_ms": round(seconds * 1000, 3),
-        "model": decision.model,
+        "model": clipped(decision.model),
         "tenant": decision.tenant,
     }
     if key is not None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from gateway.config import ConfigError, TelemetrySettings
-from gateway.ops.logs import request_id
+from gateway.ops.logs import clipped, request_id
 from gateway.pipeline.outcome import Decision
 
 if TYPE_CHECKING:
@@ -195,7 +195,7 @@ def chat_ended(decision: Decision) -> None:
         return
     attributes: dict[str, str | int | float] = {
         "satisfice.route": decision.route,
-        "satisfice.model": decision.model,
+        "satisfice.model": clipped(decision.model),
         "satisfice.cache": decision.cache,
     }
     if decision.engine is not None:
