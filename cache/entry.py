@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import re
 import time
 from collections.abc import Sequence
 
@@ -12,8 +11,6 @@ import msgspec
 import numpy as np
 
 from router.embedder import Vectors
-
-_SPACE = re.compile(r"\s+")
 
 
 class Namespace(msgspec.Struct, frozen=True, kw_only=True):
@@ -46,8 +43,12 @@ def _namespace_key(tenant: str, model: str, context: str, embedding: str, sampli
 
 
 def normalise(prompt: str) -> str:
-    """The form the exact path compares: case, spacing and end punctuation do not count."""
-    return _SPACE.sub(" ", prompt).strip().rstrip("?!. ").lower()
+    """The form the exact path compares: the prompt as sent, but for whitespace around
+    it and Windows line ends. Nothing inside is folded: case ("1 MB" is not "1 Mb"),
+    punctuation ("What is 5!" is not "What is 5?") and spacing (Python's indentation)
+    can each change the answer, and the exact path runs no guard. Prompts that differ
+    only there may still meet on the semantic path, whose guards look at them."""
+    return prompt.replace("\r\n", "\n").strip()
 
 
 # Prompts up to this long have their ids remembered (4,096 of them: 8 M characters at most):

@@ -194,10 +194,18 @@ _LIST_FILLERS = _LIST_MARKS | {"the", "a", "an", "as", "well"}
 _WORD = re.compile(r"[\w'\u2019%$€£]+")
 _TOKEN = re.compile(r"[\w'\u2019%$€£]+|[^\w\s]")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
+# "5!" asks for 120; "5 != 3" and "5!=3" compare.
+_FACTORIAL = re.compile(r"\d!(?!=)")
+# Words up to this long are read as abbreviations or units when their case differs.
+_CASED_WORD_CHARS = 4
 
 
 class GuardSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     numbers: bool = True  # numbers (digits, number words) must match, in the same roles
+    # Marks the embedding barely sees must match: a factorial ("5!" is not "5"), the case
+    # of a short word ("MB" is not "Mb", "US" not "us") and the indentation of text on
+    # several lines (code).
+    form: bool = True
     negation: bool = True  # negations (not, never, n't, without...) must match in number
     # Neither prompt may hold the opposite of a word of the other: the other end of a
     # scale (safe/dangerous, faster/slower, all/some, within/after), or the word with a
@@ -415,6 +423,7 @@ def explain(cached: str, query: str, settings: GuardSettings) -> tuple[str, str]
     pair = _Pair(cached, query, _tokens(cached), _tokens(query), _words(cached), _words(query))
     guards: tuple[tuple[str, bool, Callable[[_Pair], str | None]], ...] = (
         ("numbers", settings.numbers, _numbers_differ),
+        ("form", settings.form, _form_differs),
         ("negation", settings.negation, _negation_differs),
         ("polarity", settings.polarity, _polarity_differs),
         ("entities", settings.entities, _entities_differ),
@@ -445,6 +454,45 @@ def _numbers_differ(pair: _Pair) -> str | None:
     # "6 divided by 3" is not "3 divided by 6".
     swap = _slot_swap(pair.cached_tokens, pair.query_tokens, lambda t: any(c.isdigit() for c in t))
     return " <-> ".join(swap) if swap else None
+
+
+def _form_differs(pair: _Pair) -> str | None:
+    if _factorials(pair.cached) != _factorials(pair.query):
+        return "!"
+    cased = _cased(pair.cached, pair.query)
+    if cased is not None:
+        return cased
+    if _indents(pair.cached) != _indents(pair.query):
+        return "indentation"
+    return None
+
+
+def _factorials(text: str) -> list[str]:
+    return _FACTORIAL.findall(text)
+
+
+def _cased(cached: str, query: str) -> str | None:
+    """A short word written in capitals (or with one inside) in one text and otherwise
+    in the other: an abbreviation or a unit ("MB" and "Mb", "US" and "us"). A capital
+    only at the start of a word is no such mark ("What", "what")."""
+    theirs: dict[str, set[str]] = {}
+    for word in _WORD.findall(query):
+        if 2 <= len(word) <= _CASED_WORD_CHARS:
+            theirs.setdefault(word.lower(), set()).add(word)
+    for word in _WORD.findall(cached):
+        forms = theirs.get(word.lower())
+        if forms is None or word in forms or not 2 <= len(word) <= _CASED_WORD_CHARS:
+            continue
+        for other in forms:
+            if any(c.isupper() for c in word[1:] + other[1:]):
+                return f"{word} <-> {other}"
+    return None
+
+
+def _indents(text: str) -> list[int]:
+    """The indentation of each line of text on several lines (none for one line)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    return [len(line) - len(line.lstrip()) for line in lines] if len(lines) > 1 else []
 
 
 def _negation_differs(pair: _Pair) -> str | None:

@@ -106,7 +106,7 @@ def test_exact_and_semantic_hits_serve_the_first_answer(cached_url: str) -> None
     prompt = "What is the boiling point of water at sea level?"
     first, headers = ask(cached_url, prompt)
     assert headers["x-satisfice-cache"] == "miss"
-    again, headers = ask(cached_url, "what is the boiling point of  water at sea level")
+    again, headers = ask(cached_url, "  What is the boiling point of water at sea level?\n")
     assert headers["x-satisfice-cache"] == "exact" and again == first
     paraphrase, headers = ask(cached_url, "Tell me the boiling point of water at sea level.")
     assert headers["x-satisfice-cache"] == "semantic" and paraphrase == first

@@ -84,7 +84,7 @@ def test_dry_run_reports_the_hit_rate_and_stores_nothing(
     warm.write_text("".join(json.dumps({"prompt": q, "response": a}) + "\n" for q, a in QUESTIONS))
     queries = tmp_path / "queries.jsonl"
     asked = [
-        "what is the capital of france",  # exact
+        " What is the capital of France?\n",  # exact: whitespace around it aside
         "How many legs do spiders have?",  # semantic
         "What is the chemical symbol for silver?",  # a near miss
         "How do I bake bread?",  # unrelated

@@ -40,6 +40,10 @@ NEAR_MISSES = [
     ),
     ("Is renting cheaper than buying?", "Is renting more expensive than buying?", "polarity"),
     ("Is this mushroom toxic?", "Is this mushroom non-toxic?", "polarity"),
+    # Marks an embedding barely sees (issue 32, finding 5).
+    ("What is 5!", "What is 5?", "form"),
+    ("Convert 1 MB to bits", "Convert 1 Mb to bits", "form"),
+    ("Fix this:\nfor x in y:\n    print(x)", "Fix this:\nfor x in y:\nprint(x)", "form"),
     ("What is the capital of France?", "What is the capital of Germany?", "entities"),
     ("Is Paris bigger than London?", "Is London bigger than Paris?", "entities"),
     ("Convert 5 km to miles", "Convert 5 miles to km", "entities"),
@@ -106,6 +110,10 @@ PARAPHRASES = [
     ("Does caffeine raise heart rate?", "Does caffeine increase your heart rate?"),
     ("Is renting cheaper than buying?", "Is renting less expensive than buying?"),
     ("Is there any way to speed up pip install?", "Is there a way to speed up pip install?"),
+    # A capital at a word's start only, a comparison, spacing on one line: no marks.
+    ("What is the capital of France?", "what is the capital of france"),
+    ("Is 5 != 3 in Python?", "Is 5 != 3 in Python"),
+    ("Why is  my code slow?", "Why is my code slow?"),
     ("How do I start a blog?", "How can I start a blog?"),
 ]
 
@@ -122,6 +130,7 @@ def test_paraphrases_pass(cached: str, query: str) -> None:
 
 def test_each_guard_can_be_switched_off() -> None:
     assert veto("What is 15% of 80?", "What is 15% of 90?", GuardSettings(numbers=False)) is None
+    assert veto("What is 5!", "What is 5?", GuardSettings(form=False)) is None
     off = GuardSettings(negation=False)
     assert veto("Can I log in?", "Can't I log in?", off) is None
     off = GuardSettings(polarity=False)

@@ -65,7 +65,7 @@ TOO_DEEP = "[" * 5000 + "]" * 5000
 # only-if-cached where one could.
 CASES: list[tuple[str, dict[str, str], bytes]] = [
     ("exact", {}, json.dumps(FRANCE).encode()),
-    ("normalised", {}, json.dumps(chat("  what is the capital of france ")).encode()),
+    ("normalised", {}, json.dumps(chat("  What is the capital of France?\n")).encode()),
     ("stream", {}, json.dumps({**FRANCE, "stream": True}).encode()),
     ("stream with usage", {}, json.dumps(
         {**FRANCE, "stream": True, "stream_options": {"include_usage": True}}).encode()),
