@@ -411,14 +411,20 @@ class ReasoningLoop:
         hedge: asyncio.Task[Generation] | None,
         messages: Sequence[Message],
     ) -> LoopResult:
-        """The deadline: the configured fallback, then the next one that can answer."""
-        if fallback.policy == "small" and self.small is not None:
-            small = await self._settle_small(hedge, messages, run.deadline)
-            if small is not None:
-                return run.result("deadline", small.text, "small", 0.0, small.engine)
-        best = run.best
-        if fallback.policy != "error" and best is not None and best.answer is not None:
-            return run.result("deadline", best.text, "best", best.probability, self.engine.name)
+        """The deadline: the configured fallback, then the other one that can answer (the
+        best answer so far, the small engine's in the time left); an error only when
+        the policy says so or neither has an answer."""
+        if fallback.policy == "error":
+            return run.result("deadline", "", "error", 0.0, self.engine.name)
+        order = ("small", "best") if fallback.policy == "small" else ("best", "small")
+        for way in order:
+            if way == "best" and run.best is not None and run.best.answer is not None:
+                best = run.best
+                return run.result("deadline", best.text, "best", best.probability, self.engine.name)
+            if way == "small" and self.small is not None:
+                small = await self._settle_small(hedge, messages, run.deadline)
+                if small is not None:
+                    return run.result("deadline", small.text, "small", 0.0, small.engine)
         return run.result("deadline", "", "error", 0.0, self.engine.name)
 
     def _stop(self, run: _Run) -> StopReason | None:

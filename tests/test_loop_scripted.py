@@ -381,6 +381,30 @@ def test_fallback_small_too_slow_for_the_deadline_gives_the_best_so_far() -> Non
     assert thought.seconds == pytest.approx(1.4)  # its one token began before 0.7 s
 
 
+def test_fallback_best_without_an_answer_takes_the_small_engine_s() -> None:
+    """Issue 32: under "best", a loop with no answer yet at its deadline answered 504;
+    the small engine's answer in the time left is what the policy promises."""
+    engine, small = ScriptedEngine([PACED_42, PACED_41]), small_engine()
+    loop = ReasoningLoop(engine, UNDECIDED, BY_SHARE, small=small)
+    thought = think(loop, deadline_s=0.25, fallback=FallbackSettings(policy="best"))
+    result = thought.result
+    # The round was cut at the deadline without an answer; the small engine had no
+    # time left either: nothing to answer with, so an error after all.
+    assert result.trace.fallback == "error" and len(small.calls) == 1
+    engine, small = ScriptedEngine([PACED_42, PACED_41]), small_engine()
+    loop = ReasoningLoop(
+        engine, settings(branches=2, max_rounds=10, round_tokens=2, threshold=0.99),
+        BY_SHARE, small=small,
+    )  # fmt: skip
+    thought = think(loop, deadline_s=0.5, fallback=FallbackSettings(policy="best"))
+    result = thought.result
+    # Rounds of two tokens leave no answer; once another cannot finish, the small
+    # engine answers in the time left.
+    assert result.trace.stop == "deadline" and result.trace.rounds
+    assert result.trace.fallback == "small" and result.engine == "small"
+    assert result.text == "42" and thought.seconds < 0.5
+
+
 def test_fallback_error_gives_no_answer() -> None:
     engine = ScriptedEngine([PACED_42, PACED_42])
     fallback = FallbackSettings(policy="error")

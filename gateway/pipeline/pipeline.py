@@ -25,7 +25,7 @@ from cache.semantic_cache import Hit, Miss
 from engines.base import Delta, Engine, Generation
 from engines.failover import failed_over
 from engines.fanout import FanOutEngine
-from evaluator.loop import LoopResult, ReasoningLoop, Thinking
+from evaluator.loop import Fallback, LoopResult, ReasoningLoop, Thinking
 from gateway.config import AUTO_MODEL
 from gateway.pipeline.keeper import Answer, CachePlan, Keeper, SharedAnswer
 from gateway.pipeline.lead import Lead
@@ -346,7 +346,7 @@ class Pipeline:
         )
         run = LoopRun(events)
         self.turns.begin(policy.conversation, run)
-        return _thought(run, decision, keeper)
+        return _thought(run, decision, keeper, policy.fallback.policy)
 
 
 def _served(found: Hit, decision: Decision) -> Answer:
@@ -442,7 +442,9 @@ def _finished(generation: Generation) -> Finished:
     return Finished(reasons, generation.prompt_tokens, generation.completion_tokens)
 
 
-async def _thought(run: LoopRun, decision: Decision, keeper: Keeper) -> AsyncGenerator[Event]:
+async def _thought(
+    run: LoopRun, decision: Decision, keeper: Keeper, fallback: Fallback
+) -> AsyncGenerator[Event]:
     """The loop's run as events; its result settles the answer."""
     result: LoopResult | None = None
     try:
@@ -459,11 +461,16 @@ async def _thought(run: LoopRun, decision: Decision, keeper: Keeper) -> AsyncGen
             raise RuntimeError("the reasoning loop ended without an answer")
         trace = result.trace
         if trace.fallback == "error":
+            why = (
+                "the fallback policy is error"
+                if fallback == "error"
+                else "no answer to fall back on: the loop had none yet, and the small engine "
+                "gave none in the time left (or none is configured)"
+            )
             raise Refused(
                 "deadline_exceeded",
                 f"no answer within the deadline of {trace.deadline_ms or 0:.0f} ms "
-                f"({len(trace.rounds)} rounds, stopped at {trace.elapsed_ms:.0f} ms) and the "
-                "fallback policy is error",
+                f"({len(trace.rounds)} rounds, stopped at {trace.elapsed_ms:.0f} ms); {why}",
             )
         # Only the loop's own answer is kept: a fallback's is not what it would have said.
         if trace.fallback == "none":
