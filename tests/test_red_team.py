@@ -24,6 +24,7 @@ import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from redis import Redis as RedisClient
 
 from gateway.api.auth import hash_key
 from tests.support import config_file, free_port, satisfice, spare_redis, start_gateway, stop
@@ -41,6 +42,7 @@ CONFIG = f"""
 server:
   admin_key: {ADMIN}
   max_tokens_cap: 512
+  log_format: json  # the access line's fields, model included
   header_timeout_s: 2
   body_timeout_s: 2
   body_min_rate: 1000
@@ -71,6 +73,7 @@ engines:
     backend: llama_cpp
     model: smollm2-135m-instruct
     queue_size: 2
+    context_tokens: 8192  # room for a 3,000-word prompt
   large:
     backend: llama_cpp
     model: gemma3-270m
@@ -891,3 +894,271 @@ def test_a_broken_config_while_serving_keeps_the_last_good_one(red: Gateway) -> 
         path.write_text(good)
     assert red.chat(CHAT).status_code == 200
     assert error_of(red.chat({**CHAT, "max_tokens": 513}), 400)["param"] == "max_tokens"
+
+
+# -- the second pass (issue 32) ------------------------------------------------------
+
+
+def warm(red: Gateway, tenant: str, lines: list[tuple[str, str]]) -> None:
+    body = "".join(
+        json.dumps({"prompt": prompt, "response": answer, "model": "small"}) + "\n"
+        for prompt, answer in lines
+    )
+    with red.admin() as admin:
+        report = admin.post("/admin/cache/warmup", params={"tenant": tenant}, content=body)
+    assert report.status_code == 200 and report.json()["bad"] == 0, report.text
+
+
+def cached_only(
+    red: Gateway, prompt: str, key: str = KEY_A, headers: dict[str, str] | None = None
+) -> httpx.Response:
+    """The cache's answer to ``prompt`` (greedy, as warm-up stores), or its 504."""
+    body = {"model": "small", "messages": user(prompt), "temperature": 0}
+    return red.chat(body, key=key, headers={"cache-control": "only-if-cached", **(headers or {})})
+
+
+# Issue 32's probes that were served the cached answer of their opposite.
+POLARITY = [
+    ("Is this medication safe during pregnancy?", "Yes, it is considered safe.",
+     "Is this medication unsafe during pregnancy?"),
+    ("Is it legal to drive at 16 in California?", "Yes, with a provisional license.",
+     "Is it illegal to drive at 16 in California?"),
+    ("Is Python faster than C?", "No, C is generally faster.", "Is Python slower than C?"),
+    ("Is the Sun larger than the Earth?", "Yes, far larger.", "Is the Sun smaller than the Earth?"),
+    ("Are refunds allowed within 30 days?", "Yes, within 30 days.",
+     "Are refunds allowed after 30 days?"),
+    ("Do all mammals lay eggs?", "No, only monotremes do.", "Do some mammals lay eggs?"),
+    ("Does caffeine raise heart rate?", "Yes, briefly.", "Does caffeine lower heart rate?"),
+    ("Is the return window longer than 14 days?", "Yes, it is 30 days.",
+     "Is the return window shorter than 14 days?"),
+]  # fmt: skip
+
+
+def test_a_question_of_the_opposite_polarity_is_not_served_the_cached_answer(
+    red: Gateway,
+) -> None:
+    warm(red, "tB", [(cached, answer) for cached, answer, _ in POLARITY])
+    assert cached_only(red, POLARITY[0][0], key=KEY_B).status_code == 200  # warmed
+    for cached, answer, flipped in POLARITY:
+        response = cached_only(red, flipped, key=KEY_B)
+        assert response.status_code == 504, f"{flipped!r} was served {answer!r} ({cached!r})"
+
+
+def test_exact_keys_keep_what_changes_an_answer(red: Gateway) -> None:
+    """Case, end punctuation and indentation are not folded into one exact key, and the
+    semantic path's guards tell those prompts apart too."""
+    code = "Why does this fail?\nfor n in range(3):\n    print(n)"
+    warm(red, "tB", [("What is 5!", "5! = 120."), ("Convert 1 MB to bits", "8,000,000 bits."),
+                     (code, "It does not fail.")])  # fmt: skip
+    assert cached_only(red, "What is 5!", key=KEY_B).status_code == 200
+    assert cached_only(red, "  What is 5!\n", key=KEY_B).status_code == 200  # spaces around
+    for other in ("What is 5?", "Convert 1 Mb to bits", code.replace("    print", "print")):
+        response = cached_only(red, other, key=KEY_B)
+        assert response.status_code == 504, f"{other!r} was served {response.text}"
+
+
+def test_cache_control_max_age_and_pragma_are_obeyed(red: Gateway) -> None:
+    warm(red, "tB", [("What is the airspeed of a swallow?", "About 11 m/s.")])
+    prompt = "What is the airspeed of a swallow?"
+    assert cached_only(red, prompt, key=KEY_B).status_code == 200
+    assert cached_only(red, prompt, key=KEY_B, headers={"cache-control": "max-age=3600, "
+                       "only-if-cached"}).status_code == 200  # fmt: skip
+    for stale in ("max-age=0, only-if-cached", "only-if-cached, max-age=nonsense"):
+        response = cached_only(red, prompt, key=KEY_B, headers={"cache-control": stale})
+        assert error_of(response, 504)["code"] == "cache_miss", stale
+    body = {"model": "small", "messages": user(prompt), "temperature": 0, "max_tokens": 1}
+    pragma = red.chat(body, key=KEY_B, headers={"pragma": "no-cache"})
+    assert pragma.headers["x-satisfice-cache"] == "bypass"
+
+
+LONG_PROMPT = " ".join(
+    f"Section {n}: the harbour trade grew as ships carried grain, salt and wool."
+    for n in range(250)
+)  # ~3,000 words
+
+
+def test_a_long_prompt_answers_within_its_deadline(red: Gateway) -> None:
+    """Issue 32: a 3,000-word prompt ran 35 s past its 5 s deadline while it was read."""
+    unread = ("satisfice_engine_unread_prompts_total", {"engine": "small", "why": "stopped"})
+    before = red.metric(unread[0], **unread[1])
+    body = {"model": "small", "messages": user(LONG_PROMPT + " Summarise it."), "max_tokens": 8}
+    started = time.monotonic()
+    response = red.chat(body, headers={"x-satisfice-deadline-ms": "1000", **BYPASS})
+    elapsed = time.monotonic() - started
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["finish_reason"] == "deadline"
+    assert elapsed < 1.0 + 0.5  # reading it whole takes this host some 20 s
+    assert red.metric(unread[0], **unread[1]) == before + 1
+    # Once the engine has read a prompt of some length, one it cannot read in time is
+    # refused at once rather than at the deadline.
+    red.chat(
+        {"model": "small", "messages": user(LONG_PROMPT[:600]), "max_tokens": 1}, headers=BYPASS
+    )
+    predicted = red.metric(unread[0], engine="small", why="predicted")
+    started = time.monotonic()
+    refused = red.chat(
+        {**body, "messages": user("Read this. " + LONG_PROMPT)},
+        headers={"x-satisfice-deadline-ms": "2000", **BYPASS},
+    )
+    assert time.monotonic() - started < 1.0
+    assert refused.json()["choices"][0]["finish_reason"] == "deadline"
+    assert red.metric(unread[0], engine="small", why="predicted") == predicted + 1
+
+
+def test_a_client_that_leaves_while_its_prompt_is_read_frees_the_slot(red: Gateway) -> None:
+    engine = Engine(red, "small", "small")
+    gone = engine.ended(499)
+    body = {"model": "small", "messages": user("Count the sections. " + LONG_PROMPT),
+            "max_tokens": 8}  # fmt: skip
+    sock = send_raw(red, body, headers=BYPASS)
+    until(lambda: engine.busy() == 1, "small reading the prompt")
+    time.sleep(0.5)
+    sock.close()
+    left = time.monotonic()
+    until(lambda: engine.ended(499) == gone + 1, "the request ended 499")
+    until(lambda: engine.busy() == 0, "small's slot free", timeout_s=5)
+    assert time.monotonic() - left < 2.0  # the whole prompt takes this host some 20 s
+
+
+BOILING = "What is the boiling point of water at sea level?"
+BOILING_AGAIN = "Tell me the boiling point of water at sea level."
+
+
+def _semantic_hit(red: Gateway) -> httpx.Response:
+    response = cached_only(red, BOILING_AGAIN)
+    assert response.headers["x-satisfice-cache"] == "semantic", response.headers
+    return response
+
+
+def test_a_report_survives_a_fresh_answer_and_counts_once(red: Gateway) -> None:
+    """Issue 32: regenerating the answer (Cache-Control: no-cache) wiped the report, and
+    a replayed report counted every time."""
+    with red.admin() as admin:
+        assert admin.post("/admin/cache/invalidate", json={"namespace": "tA"}).is_success
+    body = {"model": "small", "messages": user(BOILING), "temperature": 0, "max_tokens": 256}
+    first = red.chat(body)
+    assert first.json()["choices"][0]["finish_reason"] == "stop", first.text
+    until(lambda: cached_only(red, BOILING).status_code == 200, "the answer cached")
+    hit = _semantic_hit(red)
+    counted = red.metric("satisfice_cache_false_hits_reported_total", tenant="tA")
+    feedback = f"{red.url}/v1/feedback"
+    auth = {"authorization": f"Bearer {KEY_A}"}
+    report = httpx.post(feedback, json={"request_id": hit.headers["x-request-id"]}, headers=auth)
+    assert report.status_code == 200 and report.json()["raised"] is True, report.text
+    replay = httpx.post(feedback, json={"request_id": hit.headers["x-request-id"]}, headers=auth)
+    assert replay.status_code == 200 and replay.json()["raised"] is False
+    assert red.metric("satisfice_cache_false_hits_reported_total", tenant="tA") == counted + 1
+    assert cached_only(red, BOILING_AGAIN).headers["x-satisfice-cache-stage"] == "feedback"
+    # The same prompt answered anew and stored again keeps the floor.
+    fresh = red.chat(body, headers={"cache-control": "no-cache"})
+    assert fresh.headers["x-satisfice-cache"] == "bypass"
+    time.sleep(0.5)  # the write-back is in the background
+    assert cached_only(red, BOILING).status_code == 200
+    turned_down = cached_only(red, BOILING_AGAIN)
+    assert turned_down.status_code == 504
+    assert turned_down.headers["x-satisfice-cache-stage"] == "feedback"
+
+
+def test_a_huge_model_name_is_not_written_whole_to_the_log(red: Gateway) -> None:
+    error_of(red.chat({**CHAT, "model": "q" * 900_000}), 404)
+    until(lambda: "qqqq" in red.log.read_text(errors="replace"), "the access line")
+    lines = [line for line in red.log.read_text(errors="replace").splitlines() if "qqqq" in line]
+    assert lines and max(len(line) for line in lines) < 2_000
+
+
+def test_a_loop_without_an_answer_at_its_deadline_says_what_it_tried(red: Gateway) -> None:
+    """Under fallback "best" (the config's), a loop with no answer yet at its deadline
+    falls back to the small engine's answer in the time left; only when that gives none
+    either is it a 504, which no longer blames an "error" policy."""
+    body = {"model": "auto", "messages": user(COUNTING), "max_tokens": 400}
+    response = red.chat(body, key=THINKER, headers={"x-satisfice-deadline-ms": "1500", **BYPASS})
+    if response.status_code == 200:
+        assert response.headers["x-satisfice-fallback"] in ("best", "small")
+        return
+    message = error_of(response, 504)["message"]
+    assert "fallback policy is error" not in message and "small engine" in message
+
+
+# Two replicas on one Redis, each with the small engine alone.
+def _replica_config(prefix: str) -> str:
+    return f"""
+server:
+  admin_key: {ADMIN}
+cache:
+  store: {{kind: redis, url: "redis://127.0.0.1:6379/0", key_prefix: {prefix}}}
+engines:
+  small:
+    backend: llama_cpp
+    model: smollm2-135m-instruct
+"""
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, Gateway]]:
+    prefix = f"red-team-{uuid.uuid4().hex}"
+    started: list[subprocess.Popen[bytes]] = []
+    try:
+        gateways = []
+        for name in ("a", "b"):
+            folder = tmp_path_factory.mktemp(f"replica-{name}")
+            url, process = start_gateway(_replica_config(prefix), folder)
+            started.append(process)
+            gateways.append(Gateway(url, folder / "unused.log", process))
+        yield gateways[0], gateways[1]
+    finally:
+        for process in started:
+            stop(process)
+        scan = ["redis-cli", "--scan", "--pattern", f"{prefix}*"]
+        keys = subprocess.run(scan, capture_output=True, text=True, check=False).stdout.split()
+        if keys:
+            subprocess.run(["redis-cli", "unlink", *keys], capture_output=True, check=False)
+
+
+def test_a_report_racing_an_invalidation_never_brings_the_entry_back(
+    replicas: tuple[Gateway, Gateway],
+) -> None:
+    """Issue 32 (6 of 6 tries): a report read the entry and wrote it back whole, so an
+    invalidation in between was undone, and both replicas served the entry again as an
+    exact hit after the admin was told it was deleted. Redis holds writes back for a
+    moment (CLIENT PAUSE ... WRITE, well within the stores' timeouts) while replica a
+    invalidates and replica b takes a report: both have read what they read, and their
+    writes land in the order they were sent, the invalidation's first."""
+    a, b = replicas
+    pausing = RedisClient.from_url("redis://127.0.0.1:6379/0")
+    try:
+        for attempt in range(6):
+            prompt = f"What is stored in warehouse bay number {attempt}?"
+            warm(a, "default", [(prompt, f"Crates of kind {attempt}.")])
+            until(lambda p=prompt: cached_only(b, p).status_code == 200, "b serves it")  # type: ignore[misc]
+            entry = cached_only(b, prompt).headers["x-satisfice-cache-entry"]
+            with ThreadPoolExecutor(2) as pool, a.admin() as admin:
+                pausing.client_pause(150, all=False)
+                dropping = pool.submit(
+                    admin.post, "/admin/cache/invalidate", json={"namespace": "default"}
+                )
+                time.sleep(0.03)  # a has scanned and waits to unlink
+                report = httpx.post(f"{b.url}/v1/feedback", json={"entry_id": entry, "score": 0.9})
+                assert dropping.result().json()["deleted"] == 1
+            assert report.status_code in (200, 404), report.text
+            time.sleep(0.2)  # each replica has heard of the invalidation by now
+            for replica in (a, b):
+                assert cached_only(replica, prompt).status_code == 504, f"attempt {attempt}"
+    finally:
+        pausing.client_unpause()
+        pausing.close()
+
+
+def test_a_replica_started_while_redis_is_down_says_so(tmp_path: Path) -> None:
+    """Issue 32: its cache stage was "empty" and feedback answered 404, so clients
+    dropped reports they should have sent again."""
+    config = _replica_config("unreachable").replace("6379", str(free_port()))
+    url, process = start_gateway(config, tmp_path)
+    try:
+        down = Gateway(url, tmp_path / "unused.log", process)
+        response = cached_only(down, "What is the capital of France?")
+        assert error_of(response, 504)["code"] == "cache_miss"
+        assert response.headers["x-satisfice-cache-stage"] == "store_unavailable"
+        report = httpx.post(f"{url}/v1/feedback", json={"entry_id": "12345", "score": 0.9})
+        assert error_of(report, 503)["code"] == "store_unavailable"
+    finally:
+        stop(process)
