@@ -3,7 +3,10 @@
 
 Sources (in ../shared/data): `qqp` (GPTCache's Quora Question Pairs, duplicates and
 not), `paws` (PAWS-Wiki, near-miss word swaps, hard negatives), `mock` (GPTCache's
-paraphrase positives). `--limit N` keeps a reproducible random sample.
+paraphrase positives), `stsb` (STS-B's test split, similarity graded 0-5 by people: a
+pair is a duplicate at 4 or more, "mostly equivalent", and not one below 3; the 3-4
+band is left out as neither), `probes` (bench/data/polarity_probes_heldout.jsonl, the
+yes/no polarity probes). `--limit N` keeps a reproducible random sample.
 
     .venv/bin/python bench/convert_pairs.py qqp --out bench/out/pairs_qqp.jsonl --limit 5000
 """
@@ -47,7 +50,20 @@ def _mock(data: Path) -> list[PairLine]:
     return [{"a": p["origin"], "b": p["similar"], "label": 1} for p in pairs]
 
 
-SOURCES = {"qqp": _qqp, "paws": _paws, "mock": _mock}
+def _stsb(data: Path) -> list[PairLine]:
+    with (data / "stsb" / "sts-test.csv").open(newline="") as file:
+        rows = csv.reader(file, delimiter="\t", quoting=csv.QUOTE_NONE)
+        graded = [(float(r[4]), r[5], r[6]) for r in rows if len(r) >= 7]
+    return [{"a": a, "b": b, "label": int(g >= 4.0)} for g, a, b in graded if not 3.0 <= g < 4.0]
+
+
+def _probes(data: Path) -> list[PairLine]:
+    lines = (ROOT / "bench" / "data" / "polarity_probes_heldout.jsonl").read_text().splitlines()
+    probes = [json.loads(line) for line in lines if line.strip()]
+    return [{"a": p["cached"], "b": p["query"], "label": int(p["same"])} for p in probes]
+
+
+SOURCES = {"qqp": _qqp, "paws": _paws, "mock": _mock, "stsb": _stsb, "probes": _probes}
 
 
 def main() -> None:
