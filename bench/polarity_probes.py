@@ -25,7 +25,6 @@ import msgspec
 
 from cache.pairs import Pair, sweep
 from cache.settings import CacheSettings
-from cache.verifier import Verification
 from engines.jsonl import read_jsonl
 from evaluator.replay_report import wilson
 from gateway.config import load_config
@@ -49,12 +48,7 @@ def served(probes: list[Probe], settings: CacheSettings, embedder: Embedder) -> 
         embedding_model=embedder.fingerprint,
         pairwise=True,
     )
-    if result.by == "similarity":
-        threshold = settings.similarity_threshold
-    else:
-        verification = Verification.configured(settings.verifier)
-        assert verification is not None
-        threshold = verification.threshold(settings.max_false_hit_rate)
+    threshold = result.configured(settings)
     return [bool(s >= threshold) for s in result.score]
 
 

@@ -2,18 +2,19 @@
 
 Issue 32: a 3,000-word prompt to `small` with a 5 s deadline took 39.9 s and ended
 after 1 token, and with its client gone it kept the only `small` slot for 37 s. Each
-arm sends a fresh 3,000-word prompt (no prefix the engine could reuse) to `small`:
+arm sends a fresh 3,000-word prompt (about 3,800 tokens, no prefix the engine could
+reuse) to `small`, on a fresh gateway each repeat:
 
-- `whole`: no deadline, the prompt read whole: what ignoring the deadline costs;
-- `stopped`: a 5 s deadline before the engine has measured its reading speed: llama.cpp
-  is stopped between two graph nodes at the deadline;
-- `predicted`: the same once a prompt of some length was read whole: refused at once;
-- `left`: no deadline, the client gone after 3 s: how long the slot stays busy after.
+- `stopped`: a 5 s deadline before the engine has measured how fast it reads (llama.cpp
+  is stopped between two graph nodes at the deadline);
+- `predicted`: the same once a 300-word prompt was read whole (refused at once);
+- `left`: no deadline (the SLA's 20 s), the client gone after 3 s: how long the slot
+  stays busy after it left.
 
-    .venv/bin/python bench/prompt_deadline.py --repeat 3   # about 3 minutes on 2 cores
+`--before DIR` runs the same arms on another checkout (e.g. a worktree of the commit
+before) in the same run, side by side.
 
-The gateway is `satisfice serve` as this Python finds it: run with PYTHONPATH set to
-another checkout to measure that one.
+    .venv/bin/python bench/prompt_deadline.py --repeat 3 --before ../before
 """
 
 from __future__ import annotations
@@ -39,19 +40,23 @@ BUSY = "satisfice_engine_busy_slots"
 def long_prompt(words: int = 3000) -> str:
     """About ``words`` words, starting with a fresh tag, so no two share a prefix."""
     sentence = "the harbour trade grew as ships carried grain, salt and wool to the north"
-    body = " ".join(f"Section {n}: {sentence}." for n in range(words // 15))
+    body = " ".join(f"Section {n}: {sentence}." for n in range(words // 17))  # 17 words each
     return f"[{uuid.uuid4().hex}] {body} Summarise the text above in one sentence."
 
 
-def serve(folder: Path) -> tuple[str, subprocess.Popen[bytes]]:
-    """`satisfice serve` on the embedded default, once ready."""
+def serve(folder: Path, checkout: Path | None) -> tuple[str, subprocess.Popen[bytes]]:
+    """`satisfice serve` on the embedded default (of ``checkout``, if given), once ready."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     process = subprocess.Popen(
         [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)],
         cwd=folder,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            **({} if checkout is None else {"PYTHONPATH": str(checkout)}),
+        },
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -106,44 +111,50 @@ def slot_held_after_leaving(url: str, leave_after_s: float) -> float:
     sock.close()
     left = time.monotonic()
     while busy(url) > 0:
-        time.sleep(0.01)
+        # Finely at first, then gently: every scrape takes CPU from the engine itself.
+        time.sleep(0.01 if time.monotonic() - left < 1.0 else 0.25)
     return time.monotonic() - left
+
+
+ARMS = ("stopped", "predicted", "left")
+
+
+def measure(checkout: Path | None, repeat: int) -> dict[str, list[tuple[float, str]]]:
+    """Per arm, each repeat's seconds and finish reason."""
+    figures: dict[str, list[tuple[float, str]]] = {arm: [] for arm in ARMS}
+    with tempfile.TemporaryDirectory() as folder:
+        for _ in range(repeat):
+            # A fresh gateway each time: `stopped` needs an engine that has not read a
+            # prompt whole yet, so it does not know its speed.
+            url, process = serve(Path(folder), checkout)
+            try:
+                figures["stopped"].append(ask(url, long_prompt(), DEADLINE_MS))
+                ask(url, long_prompt(300), None)  # read whole: its speed is measured
+                figures["predicted"].append(ask(url, long_prompt(), DEADLINE_MS))
+                figures["left"].append((slot_held_after_leaving(url, 3.0), "-"))
+            finally:
+                process.terminate()
+                process.wait()
+    return figures
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--no-whole", action="store_true", help="skip the slow `whole` arm")
+    parser.add_argument("--before", type=Path, help="another checkout, measured alongside")
     args = parser.parse_args()
-    figures: dict[str, list[float]] = {"stopped": [], "predicted": [], "left": [], "whole": []}
-    reasons: dict[str, list[str]] = {name: [] for name in figures}
-    with tempfile.TemporaryDirectory() as folder:
-        for repeat in range(args.repeat):
-            # A fresh gateway each time: `stopped` needs an engine that has not yet read
-            # a prompt whole, so it does not know its speed.
-            url, process = serve(Path(folder))
-            try:
-                seconds, finish = ask(url, long_prompt(), DEADLINE_MS)
-                figures["stopped"].append(seconds)
-                reasons["stopped"].append(finish)
-                ask(url, long_prompt(300), None)  # read whole: its speed is measured
-                seconds, finish = ask(url, long_prompt(), DEADLINE_MS)
-                figures["predicted"].append(seconds)
-                reasons["predicted"].append(finish)
-                figures["left"].append(slot_held_after_leaving(url, 3.0))
-                if repeat == 0 and not args.no_whole:
-                    seconds, finish = ask(url, long_prompt(), None)
-                    figures["whole"].append(seconds)
-                    reasons["whole"].append(finish)
-            finally:
-                process.terminate()
-                process.wait()
-    print(f"deadline {DEADLINE_MS} ms; seconds to the whole response (median, max)")
-    for name, values in figures.items():
-        if values:
-            finish = ",".join(sorted(set(reasons[name]))) or "-"
-            median, most = statistics.median(values), max(values)
-            print(f"{name:>9}: {median:7.3f} {most:7.3f} n={len(values)} finish={finish}")
+    runs = {"this checkout": measure(None, args.repeat)}
+    if args.before is not None:
+        runs[f"before ({args.before})"] = measure(args.before.resolve(), args.repeat)
+    print(f"deadline {DEADLINE_MS} ms; seconds to the whole response, or (left) the slot")
+    print("busy after the client left: median and max over the repeats, finish reasons")
+    for name, figures in runs.items():
+        print(name)
+        for arm, values in figures.items():
+            seconds = [v for v, _ in values]
+            finish = ",".join(sorted({f for _, f in values}))
+            median, most = statistics.median(seconds), max(seconds)
+            print(f"  {arm:>9}: {median:7.3f} {most:7.3f} n={len(values)} finish={finish}")
 
 
 if __name__ == "__main__":

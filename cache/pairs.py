@@ -82,6 +82,15 @@ class Sweep(msgspec.Struct, frozen=True):
             semantic_wrong_share=semantic_wrong / semantic_count if semantic_count else 0.0,
         )
 
+    def configured(self, settings: CacheSettings) -> float:
+        """The threshold ``settings`` decide by: the verifier's operating point for their
+        bound, or the similarity threshold without a verifier."""
+        if self.by == "similarity":
+            return settings.similarity_threshold
+        verification = Verification.configured(settings.verifier)
+        assert verification is not None  # the sweep was decided by it
+        return verification.threshold(settings.max_false_hit_rate)
+
     def best_at_precision(self, target: float = PRECISION_TARGET) -> SweepPoint | None:
         """The lowest threshold (most hits) whose precision still reaches ``target``."""
         best = None

@@ -31,6 +31,10 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[CacheStore]:
     await redis.start()
     yield redis
     await redis.close()
+    await _forget(prefix)
+
+
+async def _forget(prefix: str) -> None:
     raw = Redis.from_url(URL)
     keys = [key async for key in raw.scan_iter(match=f"{prefix}*")]
     if keys:
@@ -96,8 +100,4 @@ async def test_a_raised_floor_reaches_the_other_replica() -> None:
         await follow_b.stop()
         await a.close()
         await b.close()
-        raw = Redis.from_url(URL)
-        keys = [key async for key in raw.scan_iter(match=f"{prefix}*")]
-        if keys:
-            await raw.unlink(*keys)
-        await raw.aclose()
+        await _forget(prefix)

@@ -17,7 +17,7 @@ from cache.semantic_cache import CacheStats, SemanticCache
 from cache.settings import CacheSettings
 from cache.standalone import opened
 from cache.store import FloorChange
-from cache.verifier import BUNDLED, Verification, Verifier
+from cache.verifier import BUNDLED, Verifier
 from cache.warmup import DryRun, WarmupReport, dry_run_file, parse_queries, warm
 from gateway.config import GatewayConfig, load_config, valid_tenant
 from router.embedder import Embedder
@@ -48,14 +48,8 @@ def cache_eval(args: argparse.Namespace) -> int:
         "view": "pairwise" if args.pairwise else "whole file",
         "decided_by": result.by,
     }
-    if args.threshold is not None:
-        threshold = args.threshold
-    elif result.by == "similarity":
-        threshold = settings.similarity_threshold
-    else:
-        verification = Verification.configured(settings.verifier)
-        assert verification is not None
-        threshold = verification.threshold(settings.max_false_hit_rate)
+    threshold = result.configured(settings) if args.threshold is None else args.threshold
+    if result.by == "verifier" and args.threshold is None:
         report["max_false_hit_rate"] = settings.max_false_hit_rate
     point = result.at(threshold)
     report.update(msgspec.to_builtins(point))
