@@ -196,15 +196,15 @@ _TOKEN = re.compile(r"[\w'\u2019%$€£]+|[^\w\s]")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 # "5!" asks for 120; "5 != 3" and "5!=3" compare.
 _FACTORIAL = re.compile(r"\d!(?!=)")
-# Words up to this long are read as abbreviations or units when their case differs.
-_CASED_WORD_CHARS = 4
+# A short word right after a number (a space at most between): a unit, whose case counts.
+_UNIT_AFTER_NUMBER = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)* ?([A-Za-z]{2,4})\b")
 
 
 class GuardSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     numbers: bool = True  # numbers (digits, number words) must match, in the same roles
     # Marks the embedding barely sees must match: a factorial ("5!" is not "5"), the case
-    # of a short word ("MB" is not "Mb", "US" not "us") and the indentation of text on
-    # several lines (code).
+    # of a unit ("1 MB" is not "1 Mb") and the indentation of text on several lines
+    # (code).
     form: bool = True
     negation: bool = True  # negations (not, never, n't, without...) must match in number
     # Neither prompt may hold the opposite of a word of the other: the other end of a
@@ -472,20 +472,17 @@ def _factorials(text: str) -> list[str]:
 
 
 def _cased(cached: str, query: str) -> str | None:
-    """A short word written in capitals (or with one inside) in one text and otherwise
-    in the other: an abbreviation or a unit ("MB" and "Mb", "US" and "us"). A capital
-    only at the start of a word is no such mark ("What", "what")."""
+    """A unit right after a number, written with other capitals in the other text:
+    units are case-sensitive ("1 MB" is not "1 Mb", "5 mW" not "5 MW"). Elsewhere
+    capitals say little: Quora writes "tv" for "TV", and a sentence may start with
+    "They" or "they"."""
     theirs: dict[str, set[str]] = {}
-    for word in _WORD.findall(query):
-        if 2 <= len(word) <= _CASED_WORD_CHARS:
-            theirs.setdefault(word.lower(), set()).add(word)
-    for word in _WORD.findall(cached):
-        forms = theirs.get(word.lower())
-        if forms is None or word in forms or not 2 <= len(word) <= _CASED_WORD_CHARS:
-            continue
-        for other in forms:
-            if any(c.isupper() for c in word[1:] + other[1:]):
-                return f"{word} <-> {other}"
+    for unit in _UNIT_AFTER_NUMBER.findall(query):
+        theirs.setdefault(unit.lower(), set()).add(unit)
+    for unit in _UNIT_AFTER_NUMBER.findall(cached):
+        for other in sorted(theirs.get(unit.lower(), ())):
+            if unit != other:
+                return f"{unit} <-> {other}"
     return None
 
 

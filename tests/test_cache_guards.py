@@ -43,6 +43,7 @@ NEAR_MISSES = [
     # Marks an embedding barely sees (issue 32, finding 5).
     ("What is 5!", "What is 5?", "form"),
     ("Convert 1 MB to bits", "Convert 1 Mb to bits", "form"),
+    ("Is 5 mW of laser power dangerous?", "Is 5 MW of laser power dangerous?", "form"),
     ("Fix this:\nfor x in y:\n    print(x)", "Fix this:\nfor x in y:\nprint(x)", "form"),
     ("What is the capital of France?", "What is the capital of Germany?", "entities"),
     ("Is Paris bigger than London?", "Is London bigger than Paris?", "entities"),
@@ -114,6 +115,8 @@ PARAPHRASES = [
     ("What is the capital of France?", "what is the capital of france"),
     ("Is 5 != 3 in Python?", "Is 5 != 3 in Python"),
     ("Why is  my code slow?", "Why is my code slow?"),
+    ("How do I get a US visa?", "how do i get a us visa"),  # capitals not after a number
+    ("She was born in 1943. They moved to Oslo.", "She was born in 1943. they moved to Oslo."),
     ("How do I start a blog?", "How can I start a blog?"),
 ]
 
