@@ -45,6 +45,7 @@ from engines.bundled import model_file
 from engines.fanout import EngineCounters, FanOutEngine, SampleDone, expired
 from engines.gathering import Gathering, Group, Member
 from engines.llama_batch import BatchContext, BatchDecodeFailed, SequenceSampler, logits_row
+from engines.llama_logs import route_to_logging
 from engines.llama_prefill import PrefillSpeed, interruptible, past
 from engines.native_check import check_models
 from engines.settings import LlamaCppSettings
@@ -541,6 +542,7 @@ class LlamaCppEngine(FanOutEngine):
         self._gathering = Gathering(settings.batch_sequences, self._serve)
 
     async def start(self) -> None:
+        route_to_logging()
         loop = asyncio.get_running_loop()
         path = await loop.run_in_executor(self._executor, model_file, self.model, self._models_dir)
         # A library this host cannot run would kill this process at its first token:

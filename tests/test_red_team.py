@@ -1003,6 +1003,11 @@ def test_a_long_prompt_answers_within_its_deadline(red: Gateway) -> None:
     assert time.monotonic() - started < 1.0
     assert refused.json()["choices"][0]["finish_reason"] == "deadline"
     assert red.metric(unread[0], engine="small", why="predicted") == predicted + 1
+    # llama.cpp's own lines about the stop it was asked for are no errors, and they
+    # keep to the log's format (JSON here) like every other line.
+    lines = red.log.read_text(errors="replace").splitlines()
+    assert not [line for line in lines if not line.startswith("{")]
+    assert not [line for line in lines if '"ERROR"' in line and "llama_cpp" in line]
 
 
 def test_a_client_that_leaves_while_its_prompt_is_read_frees_the_slot(red: Gateway) -> None:
