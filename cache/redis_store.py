@@ -87,9 +87,11 @@ _CORRUPT_LOGGED_MAX: Final = 1000
 # reports raised (HSET alone would keep fields the new entry lacks, so it is replaced
 # whole). KEYS: the entry, the stream. ARGV: the entry's own floor ("" for none), its
 # expiry in ms ("" for none), the stream's bound, origin and change, then its fields.
-# Returns the floor kept, or nil.
+# Returns the floor kept, or nil. A floor that is no number (a corrupted hash) is dropped
+# rather than failing every later write of the entry.
 _PUT: Final = """
 local kept = redis.call('HGET', KEYS[1], 'hit_floor')
+if kept and not tonumber(kept) then kept = false end
 if ARGV[1] ~= '' and (not kept or tonumber(ARGV[1]) > tonumber(kept)) then kept = ARGV[1] end
 redis.call('UNLINK', KEYS[1])
 redis.call('HSET', KEYS[1], unpack(ARGV, 6))
@@ -104,7 +106,7 @@ return kept
 _RAISE_FLOOR: Final = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return nil end
 local now = redis.call('HGET', KEYS[1], 'hit_floor')
-if now and tonumber(now) >= tonumber(ARGV[1]) then return {now, 0} end
+if now and tonumber(now) and tonumber(now) >= tonumber(ARGV[1]) then return {now, 0} end
 redis.call('HSET', KEYS[1], 'hit_floor', ARGV[1])
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'origin', ARGV[3], 'change', ARGV[4])
 return {ARGV[1], 1}

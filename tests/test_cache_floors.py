@@ -101,3 +101,21 @@ async def test_a_raised_floor_reaches_the_other_replica() -> None:
         await a.close()
         await b.close()
         await _forget(prefix)
+
+
+async def test_a_corrupted_floor_neither_blocks_writes_nor_reports() -> None:
+    prefix = f"test-floors-{uuid.uuid4().hex}"
+    store = RedisStore(RedisStoreSettings(url=URL, key_prefix=prefix, timeout_s=5.0))
+    await store.start()
+    raw = Redis.from_url(URL)
+    try:
+        await store.put([entry(7)])
+        await raw.hset(f"{prefix}:{{ns}}:7", "hit_floor", "not a number")
+        await store.put([entry(7)])  # written again, the bad floor dropped
+        assert await raw.hget(f"{prefix}:{{ns}}:7", "hit_floor") is None
+        await raw.hset(f"{prefix}:{{ns}}:7", "hit_floor", "nan-ish")
+        assert await store.raise_floor("ns", 7, 0.9) == FloorChange(0.9, raised=True)
+    finally:
+        await raw.aclose()
+        await store.close()
+        await _forget(prefix)
