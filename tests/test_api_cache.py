@@ -358,7 +358,7 @@ def test_replicas_share_one_redis(tmp_path: Path) -> None:
         def served_by_b(prompt: str, source: str) -> Callable[[], bool]:
             return lambda: ask(url_b, prompt, stop=openai.omit)[1]["x-satisfice-cache"] == source
 
-        assert eventually(served_by_b("what is the chemical symbol for gold", "exact"))
+        assert eventually(served_by_b("What is the chemical symbol for gold?", "exact"))
         assert eventually(served_by_b("What is gold's chemical symbol?", "semantic"))
 
         with admin(url_b) as http:
@@ -393,7 +393,7 @@ def test_a_replicas_invalidation_reaches_the_other_ones_near_cache(tmp_path: Pat
 
         def served_by_b() -> bool:
             try:
-                ask(url_b, "what is the chemical symbol for gold", stop=openai.omit,
+                ask(url_b, "What is the chemical symbol for gold?", stop=openai.omit,
                     extra_headers=only_cached)  # fmt: skip
             except openai.APIStatusError as miss:
                 assert miss.status_code == 504
