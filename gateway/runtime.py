@@ -17,8 +17,12 @@ from evaluator.calibration import calibrator_file, read_calibrator
 from evaluator.loop import ReasoningLoop
 from gateway.api.auth import KeyTable
 from gateway.config import GatewayConfig
+from gateway.ops import logs, tracing
 from gateway.ops.limits import MemoryCounters, RateLimiter, RedisCounters
 from gateway.ops.metrics import Metrics
+from gateway.pipeline.exchange import Settled, Settlement
+from gateway.pipeline.keeping import WriteBack
+from gateway.pipeline.pipeline import Pipeline
 from router.embedder import Embedder
 from router.router import Router
 
@@ -64,12 +68,28 @@ class Runtime:
                 calibrator,
                 small=self.engines[config.router.small_engine],
             )
+        self.pipeline = Pipeline(
+            engines=self.engines,
+            engine_timeouts_s={name: e.timeout_s for name, e in config.engines.items()},
+            embedder=self.embedder,
+            router=self.router,
+            cache=self.cache,
+            loop=self.loop,
+        )
         # Semantic hits this replica served, for feedback by request id.
         self.recent_hits = RecentHits()
         self.limiter = RateLimiter(_counters(config))
         self.metrics = Metrics(self.engines, self.cache)
         # Write-backs run after their response has gone; kept here so they finish.
         self.background: set[asyncio.Task[None]] = set()
+        # Where every chat request ends up, once, and who hears of it.
+        self.settlement = Settlement()
+        if self.cache is not None:
+            self.settlement.subscribe(WriteBack(self.cache, self.in_background))
+        self.settlement.subscribe(self.metrics.settled)
+        self.settlement.subscribe(logs.access)
+        self.settlement.subscribe(tracing.chat_ended)
+        self.settlement.subscribe(self._remember_semantic_hit)
         self.ready = False
         self.failure: str | None = None
 
@@ -87,9 +107,13 @@ class Runtime:
             # A running loop keeps the copy it started with.
             self.loop = self.loop.tuned(config.loop)
 
-    @property
-    def embedding_model(self) -> str:
-        return self.embedder.fingerprint if self.embedder is not None else "none"
+    def _remember_semantic_hit(self, settled: Settled) -> None:
+        """A semantic hit served, kept for feedback on it by request id."""
+        decision = settled.decision
+        rid, entry = settled.request_id, decision.cache_entry
+        served = decision.cache == "semantic" and settled.status == 200
+        if served and entry is not None and rid is not None:
+            self.recent_hits.add(decision.tenant, rid, entry, decision.cache_score)
 
     async def _start_embedder_and_users(self) -> None:
         if self.embedder is not None:

@@ -27,9 +27,12 @@ import httpx
 
 from engines.base import Delta, Generation, Prompt, SamplingParams
 from engines.bundled import SMOLLM2, model_file
+from gateway.pipeline.exchange import Exchange
 
 if TYPE_CHECKING:
     from engines.llama_cpp import LlamaCppEngine
+    from gateway.pipeline.request import ChatRequest
+    from gateway.runtime import Runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -356,3 +359,11 @@ async def streamed(engine: LlamaCppEngine, prompt: Prompt, params: SamplingParam
             final = event
     assert isinstance(final, Generation), "the stream ended without a Generation"
     return Streamed(texts, logprobs, final)
+
+
+def exchange_for(runtime: Runtime, request: ChatRequest, tenant: str = "default") -> Exchange:
+    """An exchange for ``request``, as the front door opens one: it settles into
+    ``runtime``'s settlement once ended."""
+    return Exchange(
+        runtime.settlement, tenant=tenant, model=request.model, key=None, request_id=None
+    )

@@ -27,6 +27,7 @@ from engines import create_engine
 from evaluator.loop import BranchTrace, LoopTrace, RoundTrace
 from gateway.config import load_config
 from gateway.ops.metrics import Metrics
+from gateway.pipeline.exchange import Settled
 from gateway.pipeline.outcome import Decision
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "satisfice.json"
@@ -121,10 +122,13 @@ def _late_loop_decision() -> Decision:
 
 
 def _record_one_request(metrics: Metrics) -> None:
-    """One streamed loop answer, recorded as gateway/api/routes.py records a request."""
-    exchange = metrics.exchange()
-    exchange.first_byte("loop")
-    exchange.ended(_late_loop_decision(), 200)
+    """One streamed loop answer, settled as every request settles."""
+    decision = _late_loop_decision()
+    settled = Settled(
+        request_id=None, key=None, request=None, policy=None, decision=decision, answer=None,
+        status=200, error=None, seconds=0.5, ended=time.monotonic(), first_byte_s=0.1, kept=None,
+    )  # fmt: skip
+    metrics.settled(settled)
 
 
 @pytest.fixture(scope="module")

@@ -96,11 +96,13 @@ def test_requests_routes_tokens_and_errors_are_counted(gateway_url: str) -> None
     assert httpx.post(chat, json={"model": "small"}).status_code == 400
 
     after = scrape(gateway_url)
-    # The refused bodies count as requests, with no time of their own.
-    for (route, status), count in (routes + Counter({("error", "400"): 2})).items():
+    # The refused bodies count as requests (they settle as every request does), timed
+    # from where the handler of their error opened their exchange.
+    settled = routes + Counter({("error", "400"): 2})
+    for (route, status), count in settled.items():
         assert moved(before, after, "satisfice_requests_total", route=route, status=status) == count
     for route in ("small", "large", "error"):
-        count = sum(n for (r, _), n in routes.items() if r == route)
+        count = sum(n for (r, _), n in settled.items() if r == route)
         assert moved(before, after, "satisfice_request_seconds_count", route=route) == count
     # Only the stream has a first byte of its own.
     assert moved(before, after, "satisfice_time_to_first_byte_seconds_count", route="large") == 1

@@ -14,11 +14,13 @@ from engines.base import Message, SamplingParams
 from gateway.api.validate import chat_request
 from gateway.api.wire import ChatCompletionRequest, ChatMessage
 from gateway.config import parse_config
-from gateway.pipeline.outcome import Decision, Finished, Outcome, TextDelta
+from gateway.pipeline.exchange import Settled
+from gateway.pipeline.outcome import Finished, TextDelta
 from gateway.pipeline.pipeline import Pipeline, token_confidence
 from gateway.pipeline.policy import CacheControl, resolve
 from gateway.pipeline.request import ChatRequest
 from gateway.runtime import Runtime
+from tests.support import exchange_for
 
 # A router threshold above any score sends every question to the small engine (which
 # ones the shipped router itself sends small changes with each refit); escalation is
@@ -55,14 +57,28 @@ def _request(runtime: Runtime, question: str, max_tokens: int = 32) -> ChatReque
 
 async def _answer(
     runtime: Runtime, pipeline: Pipeline, request: ChatRequest, control: CacheControl
-) -> Outcome:
-    """The whole answer through the pipeline, its write-back finished."""
+) -> Settled:
+    """The whole answer through the pipeline, settled, its write-back finished."""
     policy = resolve(runtime.config, "default", arrived=time.monotonic(), control=control)
-    outcome = await pipeline.run(request, policy, Decision(tenant="default", model=request.model))
-    events = [event async for event in outcome.events]
+    exchange = exchange_for(runtime, request)
+    settled: list[Settled] = []
+    came = asyncio.Event()
+
+    def heard(one: Settled) -> None:
+        if one.decision is exchange.decision:  # this request's, not an earlier one's
+            settled.append(one)
+            came.set()
+
+    runtime.settlement.subscribe(heard)
+    answering = await pipeline.run(request, policy, exchange)
+    events = [event async for event in answering.events]
     assert isinstance(events[0], TextDelta) and isinstance(events[-1], Finished)
+    exchange.end(200)
+    # A request that leads identical ones settles once its work's task is over.
+    await asyncio.wait_for(came.wait(), timeout=5)
     await asyncio.gather(*runtime.background)
-    return outcome
+    (only,) = settled
+    return only
 
 
 async def test_a_kept_small_answer_is_cached_by_its_calibrated_confidence(
@@ -71,7 +87,7 @@ async def test_a_kept_small_answer_is_cached_by_its_calibrated_confidence(
     """The evaluator scored the small engine's answer before it let it stand: that
     P(correct), not the answer's mean token probability, is what cache.write_confidence
     is compared with."""
-    pipeline = Pipeline(runtime)
+    pipeline = runtime.pipeline
     request = _request(runtime, EASY)
     looked = await _answer(runtime, pipeline, request, CacheControl(lookup=False, store=False))
     decision = looked.decision
@@ -100,7 +116,7 @@ async def test_a_kept_small_answer_is_cached_by_its_calibrated_confidence(
 
 
 async def test_a_whole_answer_is_kept_and_then_served_without_routing(runtime: Runtime) -> None:
-    pipeline = Pipeline(runtime)
+    pipeline = runtime.pipeline
     # Room for the whole answer: one cut short by max_tokens is not kept, and how long
     # the greedy answer is differs between CPUs (85 tokens on one host, under 64 on
     # another).

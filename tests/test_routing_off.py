@@ -11,10 +11,10 @@ from gateway.api.errors import APIError
 from gateway.api.validate import chat_request
 from gateway.api.wire import ChatCompletionRequest, ChatMessage
 from gateway.config import parse_config
-from gateway.pipeline.outcome import Decision, Finished, Refused, TextDelta
-from gateway.pipeline.pipeline import Pipeline
+from gateway.pipeline.outcome import Finished, Refused, TextDelta
 from gateway.pipeline.policy import resolve
 from gateway.runtime import Runtime
+from tests.support import exchange_for
 
 CONFIG = """
 engines:
@@ -38,17 +38,18 @@ async def test_auto_without_router_is_a_clear_404() -> None:
     named = ChatCompletionRequest(model="small", messages=[ChatMessage("user", "hi")])
     request = chat_request(named, runtime.engines, routing=False, limits=config.server)
     policy = resolve(config, "default", arrived=time.monotonic())
-    pipeline = Pipeline(runtime)
+    pipeline = runtime.pipeline
     with pytest.raises(Refused) as refused:
         routed = msgspec.structs.replace(request, model="auto")
-        await pipeline.run(routed, policy, Decision(tenant="default", model="auto"))
+        await pipeline.run(routed, policy, exchange_for(runtime, routed))
     assert refused.value.kind == "model_not_found"
 
     await runtime.start()
     try:
-        decision = Decision(tenant="default", model="small")
-        outcome = await pipeline.run(request, policy, decision)
-        events = [event async for event in outcome.events]
+        exchange = exchange_for(runtime, request)
+        answering = await pipeline.run(request, policy, exchange)
+        events = [event async for event in answering.events]
+        decision = exchange.decision
     finally:
         await runtime.close()
     assert decision.cache == "off" and decision.route == decision.engine == "small"

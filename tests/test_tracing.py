@@ -313,7 +313,7 @@ def test_a_loop_answer_carries_its_rounds_stop_and_confidence(
     assert attributes["satisfice.loop.rounds"] == int(raw.headers["x-satisfice-rounds"]) == 1
     assert attributes["satisfice.loop.stop"] == raw.headers["x-satisfice-stop"]
     assert attributes["satisfice.loop.fallback"] == "none"
-    assert attributes["satisfice.loop.confidence"] == pytest.approx(
+    assert attributes["satisfice.confidence"] == pytest.approx(
         float(raw.headers["x-satisfice-confidence"]), abs=1e-4
     )
 

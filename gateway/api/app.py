@@ -21,7 +21,6 @@ from gateway.api.routes import ROUTES
 from gateway.config import GatewayConfig
 from gateway.config.reload import start_reloading
 from gateway.ops import logs, tracing
-from gateway.pipeline.pipeline import Pipeline
 from gateway.runtime import Runtime
 
 
@@ -36,7 +35,6 @@ def create_app(
     overrides). ``on_start_failure`` hears why the models could not start (the serve
     command stops the server then, rather than serve a gateway that is never ready)."""
     runtime = Runtime(config)
-    pipeline = Pipeline(runtime)
     # The config's telemetry section wins over the standard OTEL_* variables.
     telemetry = config.telemetry or tracing.from_environment(os.environ)
     traces = tracing.Tracing(telemetry) if telemetry is not None else None
@@ -64,7 +62,7 @@ def create_app(
 
     app = Litestar(
         route_handlers=[*ROUTES, *ADMIN_HANDLERS],
-        state=State({"runtime": runtime, "pipeline": pipeline, "started_at": int(time.time())}),
+        state=State({"runtime": runtime, "started_at": int(time.time())}),
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
         request_class=JSONRequest,
@@ -76,7 +74,7 @@ def create_app(
     )
     # Exact hits at hand are answered before Litestar; outside its exception handling,
     # so its 404s and 500s carry the id too.
-    handler: ASGIApp = ExpressHits(app.asgi_handler, runtime, pipeline)
+    handler: ASGIApp = ExpressHits(app.asgi_handler, runtime)
     if traces is not None:
         handler = tracing.server_spans(handler, traces.tracer)
     app.asgi_handler = logs.RequestIds(handler)

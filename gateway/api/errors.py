@@ -15,15 +15,17 @@ from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 from engines.base import EngineError, EngineOverloaded, EngineUnavailable, PromptTooLong
 from gateway.api.timeouts import TIMED_OUT
 from gateway.api.wire import ErrorBody, ErrorResponse
+from gateway.ops import logs
 from gateway.ops.metrics import CLIENT_CLOSED
+from gateway.pipeline.exchange import Exchange
 from gateway.pipeline.outcome import RefusalKind, Refused
 
 log = logging.getLogger("satisfice.gateway")
 
 
-# The request state's key that says the chat handler has counted its exchange: any
-# other chat request that ends in an error is counted by the handler of that error.
-COUNTED = "satisfice_counted"
+# The request state's key for a chat request's exchange, once it is open: a chat
+# request that ends in an error without one gets one here, so that it settles too.
+EXCHANGE = "satisfice_exchange"
 
 
 class ClientGone(Exception):
@@ -109,6 +111,12 @@ class APIError(Exception):
             return cls.from_engine(exc)
         return None
 
+    @property
+    def reason(self) -> str:
+        """The error in a word, as logs and settled requests name it: its code, else
+        its type."""
+        return self.body.code or self.body.type
+
     def response(self) -> Response[bytes]:
         headers = {}
         if self.retry_after_s is not None:
@@ -155,17 +163,36 @@ def _validation_message(exc: ValidationException) -> tuple[str, str | None]:
 def _answered(
     request: Request[Any, Any, Any], exc: BaseException, response: Response[bytes]
 ) -> Response[bytes]:
-    """The error's response, counted if it ends a chat request the handler did not count
-    (refused by its key, its headers or its body before the handler ran, or a failure),
-    and the error let go of its traceback: that holds every frame of the request (its
-    body, its embedding, the ASGI transport) in a reference cycle with the frame that
-    raised it, which only Python's rare full collection frees. Under overload, 429s kept
-    hundreds of MiB alive between collections."""
+    """The error's response; a chat request's exchange ended with it (one refused by its
+    key, its headers or its body before the handler ran has one opened to end, so that
+    it settles too); and the error let go of its traceback: that holds every frame of
+    the request (its body, its embedding, the ASGI transport) in a reference cycle with
+    the frame that raised it, which only Python's rare full collection frees. Under
+    overload, 429s kept hundreds of MiB alive between collections."""
     exc.__traceback__ = None
-    counted = request.state.get(COUNTED, False)
-    if request.scope["path"] == _CHAT_PATH and request.method == "POST" and not counted:
-        request.app.state.runtime.metrics.refused(response.status_code)
+    if request.scope["path"] == _CHAT_PATH and request.method == "POST":
+        exchange: Exchange | None = request.state.get(EXCHANGE)
+        if exchange is None:
+            caller = request.state.get("caller")
+            exchange = Exchange(
+                request.app.state.runtime.settlement,
+                tenant="" if caller is None else caller.tenant,
+                model="",  # the body was not read as a request
+                key=None if caller is None else caller.key,
+                request_id=logs.request_id.get(),
+            )
+        error = APIError.of(exc)
+        status = response.status_code or 500
+        exchange.end(status, _reason(exc) if error is None else error.reason)
     return response
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, ClientGone):
+        return "client_gone"
+    if isinstance(exc, HTTPException):
+        return "invalid_request" if exc.status_code < 500 else "http_error"
+    return "internal_error"
 
 
 def _api_error(request: Request[Any, Any, Any], exc: APIError) -> Response[bytes]:

@@ -3,16 +3,17 @@
 For an exact hit, Litestar's routing, guards, signature model and response objects
 cost more than the rest of the request (bench/hit_path.py). A chat request whose
 answer is at hand (an exact hit in the memory store, or in the Redis store's near
-cache) is answered here, by the steps the full path takes, in its order: the key and
-the Content-Type, the same body checks (``chat_request``), headers and policy, the
-pipeline's step 1 (``Pipeline.exact_at_hand``), the key's rate limit, and the same
-metrics, access line and span. The body is rendered once per cached answer by the
+cache) is answered here. It comes in by the front door the handler uses
+(gateway.api.front: the key, the Content-Type, then ``admit``: headers, body checks,
+rate limit, policy), then the pipeline's step 1 (``Pipeline.exact_at_hand``), and it
+settles as any request does. The body is rendered once per cached answer by the
 renderer of the full path (``render.template``) and filled with each response's id.
 
-Anything else, and any doubt, goes on to Litestar with its body handed back whole, and
-is decided there as always: a miss, a body in several parts, a repeated header, a
-request the checks refuse (the full path words the error), a conversation's turn, a
-decision trace asked for, a key over its rate limit.
+Anything else, and any doubt, goes on to Litestar with its body handed back whole: a
+request admitted here but not answered (a miss, a conversation's turn, a decision
+trace asked for) with its exchange and admission, so that it is admitted and charged
+once; a request the front door refuses, a body in several parts, a repeated header,
+as it came (the full path words the error).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import msgspec
 from litestar.enums import ScopeType
@@ -37,20 +38,15 @@ from litestar.types import (
 
 from cache.semantic_cache import Hit
 from gateway.api import render
-from gateway.api.auth import Caller
 from gateway.api.errors import APIError
-from gateway.api.headers import decision_headers, read_headers
-from gateway.api.routes import exchange_ended, user_conversation
-from gateway.api.validate import chat_request
+from gateway.api.front import HANDED, admit, open_exchange
+from gateway.api.headers import decision_headers
 from gateway.api.wire import ChatCompletionRequest
-from gateway.config import GatewayConfig
-from gateway.pipeline.outcome import Decision, Outcome
-from gateway.pipeline.policy import resolve
+from gateway.ops.metrics import CLIENT_CLOSED
+from gateway.pipeline.exchange import Exchange
+from gateway.pipeline.outcome import Answering
 from gateway.pipeline.request import ChatRequest
-
-if TYPE_CHECKING:
-    from gateway.pipeline.pipeline import Pipeline
-    from gateway.runtime import Runtime
+from gateway.runtime import Runtime
 
 log = logging.getLogger("satisfice.gateway")
 
@@ -69,9 +65,8 @@ class _Found(msgspec.Struct, frozen=True):
     """An exact hit at hand, and what serving it needs."""
 
     chat: ChatRequest
-    caller: Caller
-    config: GatewayConfig
-    outcome: Outcome
+    exchange: Exchange
+    answering: Answering
     hit: Hit
 
 
@@ -83,10 +78,9 @@ class _Rendered(msgspec.Struct, frozen=True):
 class ExpressHits:
     """ASGI middleware in front of Litestar's handler: see the module's docstring."""
 
-    def __init__(self, app: ASGIApp, runtime: Runtime, pipeline: Pipeline) -> None:
+    def __init__(self, app: ASGIApp, runtime: Runtime) -> None:
         self.app = app
         self._runtime = runtime
-        self._pipeline = pipeline
         self._rendered: collections.OrderedDict[tuple[object, ...], _Rendered] = (
             collections.OrderedDict()
         )
@@ -107,37 +101,38 @@ class ExpressHits:
 
     async def _served(self, scope: HTTPScope, body: bytes, send: Send) -> bool:
         """Whether the request was answered here (else nothing has been sent)."""
-        arrived = time.monotonic()
-        runtime = self._runtime
-        exchange = runtime.metrics.exchange()
+        started = time.monotonic()
         try:
-            found = self._hit(scope, body, arrived)
+            found = await self._hit(scope, body, started)
         except Exception:  # the full path answers it; this one must never fail it
             log.exception("express path failed; the request goes the full path")
             return False
         if found is None:
             return False
-        chat, caller, outcome = found.chat, found.caller, found.outcome
-        if caller.limits is not None:
-            cost = chat.prompt_tokens + chat.params.max_tokens
-            try:
-                await runtime.limiter.admit(
-                    caller.key or "", caller.limits, cost, found.config.auth.rate_limit_outage
-                )
-            except APIError:  # refused, and so not charged: the full path refuses it again
-                return False
+        runtime, exchange, answering = self._runtime, found.exchange, found.answering
         assert runtime.cache is not None
         runtime.cache.note_exact_hit()
         runtime.metrics.express_hits.inc()
-        rendered = await self._rendering(outcome, found.hit, chat.stream, chat.include_usage)
+        chat = found.chat
+        rendered = await self._rendering(answering, found.hit, chat.stream, chat.include_usage)
         content = rendered.body.fill(render.completion_id(), int(time.time()))
         headers = [*rendered.headers, (b"content-length", str(len(content)).encode())]
-        await send(HTTPResponseStartEvent(type="http.response.start", status=200, headers=headers))
-        await send(HTTPResponseBodyEvent(type="http.response.body", body=content, more_body=False))
-        exchange_ended(runtime, caller, outcome.decision, exchange, 200)
+        try:
+            start = HTTPResponseStartEvent(type="http.response.start", status=200, headers=headers)
+            await send(start)
+            body_event = HTTPResponseBodyEvent(
+                type="http.response.body", body=content, more_body=False
+            )
+            await send(body_event)
+        except BaseException:
+            exchange.end(CLIENT_CLOSED, "client_gone")
+            raise
+        exchange.end(200)
         return True
 
-    def _hit(self, scope: HTTPScope, body: bytes, arrived: float) -> _Found | None:
+    async def _hit(self, scope: HTTPScope, body: bytes, started: float) -> _Found | None:
+        """The exact hit at hand for this request, admitted; None: the full path decides
+        (with the request's exchange and admission when it was admitted here)."""
         runtime = self._runtime
         if not runtime.ready or runtime.cache is None:
             return None
@@ -156,39 +151,37 @@ class ExpressHits:
         try:
             caller = keys.caller(headers)
             data = _decoder.decode(body)
-            chat = chat_request(data, runtime.engines, runtime.router is not None, config.server)
-            asked = read_headers(headers)
         except (APIError, msgspec.DecodeError):
             return None
-        if asked.trace or asked.conversation or user_conversation(data, config):
-            return None
-        policy = resolve(
-            config,
-            caller.tenant,
-            arrived=arrived,
-            asked_deadline_ms=asked.deadline_ms,
-            control=asked.cache,
+        exchange = open_exchange(
+            runtime, tenant=caller.tenant, model=data.model, key=caller.key, started=started
         )
-        decision = Decision(tenant=caller.tenant, model=data.model)
-        at_hand = self._pipeline.exact_at_hand(chat, policy, decision)
-        if at_hand is None:
+        try:
+            admitted = await admit(runtime, config, caller, data, headers, exchange)
+        except Exception:  # refused, and so not charged: the full path refuses it again
             return None
-        outcome, hit = at_hand
-        return _Found(chat, caller, config, outcome, hit)
+        at_hand = None
+        if not admitted.trace:  # a template carries no decision trace
+            at_hand = runtime.pipeline.exact_at_hand(admitted.chat, admitted.policy, exchange)
+        if at_hand is None:
+            scope.setdefault("state", {})[HANDED] = (exchange, admitted)
+            return None
+        answering, hit = at_hand
+        return _Found(admitted.chat, exchange, answering, hit)
 
     async def _rendering(
-        self, outcome: Outcome, hit: Hit, stream: bool, include_usage: bool
+        self, answering: Answering, hit: Hit, stream: bool, include_usage: bool
     ) -> _Rendered:
         """The response of a cached answer, rendered the first time it is served."""
-        entry, decision = hit.entry, outcome.decision
+        entry, decision = hit.entry, answering.decision
         key = (entry.id, entry.created_at, decision.model, stream, include_usage)
         rendered = self._rendered.get(key)
         if rendered is not None:
             self._rendered.move_to_end(key)
-            await outcome.events.aclose()
+            await answering.events.aclose()
             return rendered
         body = await render.template(
-            outcome, decision.model, stream=stream, include_usage=include_usage
+            answering, decision.model, stream=stream, include_usage=include_usage
         )
         fields = decision_headers(decision)
         if stream:

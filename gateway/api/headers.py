@@ -7,7 +7,6 @@ from collections.abc import Mapping
 
 import msgspec
 
-from evaluator.loop import LoopTrace
 from gateway.api.errors import APIError, shown
 from gateway.pipeline.outcome import Decision
 from gateway.pipeline.policy import CacheControl
@@ -98,54 +97,32 @@ def _max_age(value: str) -> int:
     return int(value) if value.isascii() and value.isdigit() and len(value) <= 10 else 0
 
 
+# The view's fields that are no header of their own, and those whose header has another
+# name; every other field ``f`` is the header x-satisfice-<f, with dashes>.
+_NOT_HEADERS = frozenset({"tenant", "model", "route", "engine_ms"})
+_HEADER_NAMES = {"similarity": "x-satisfice-cache-similarity"}
+
+
 def decision_headers(decision: Decision) -> dict[str, str]:
-    """What the response says about its decision. Called when the response begins:
-    for a stream, before the answer; for a plain answer, after it, when the loop's
-    trace and the engine's time are known too."""
-    headers: dict[str, str] = {CACHE_HEADER: decision.cache}
-    if decision.engine is not None:
-        headers["x-satisfice-engine"] = decision.engine
-    headers.update(_cache_headers(decision))
-    if decision.difficulty is not None:  # routed
+    """What the response says about its decision (its view). Called when the response
+    begins: for a stream, before the answer; for a plain answer, after it, when the
+    loop's trace and the engine's time are known too."""
+    view = msgspec.to_builtins(decision.view())
+    headers: dict[str, str] = {}
+    for name, value in view.items():
+        if name not in _NOT_HEADERS:
+            header = _HEADER_NAMES.get(name) or "x-satisfice-" + name.replace("_", "-")
+            headers[header] = _shown_value(name, value)
+    if decision.difficulty is not None:  # routed: the loop's fallback is the loop's route
         thought = decision.route in ("loop", "fallback")
         headers["x-satisfice-route"] = "loop" if thought else decision.route
-        headers["x-satisfice-difficulty"] = f"{decision.difficulty:.4f}"
-    if decision.escalated_from is not None:
-        headers["x-satisfice-escalated-from"] = decision.escalated_from
-    if decision.failover is not None:
-        headers["x-satisfice-failover"] = decision.failover
-    if decision.superseded_ms is not None:
-        headers[SUPERSEDED_HEADER] = f"{decision.superseded_ms:.1f}"
-    if decision.confidence is not None:
-        headers["x-satisfice-confidence"] = f"{decision.confidence:.4f}"
-    if decision.loop is not None:
-        headers.update(_loop_headers(decision.loop))
-    if decision.engine_s is not None:
+    if "engine_ms" in view:
         # Server-Timing lets a client tell the engine's time from the gateway's own.
-        headers["Server-Timing"] = f"engine;dur={decision.engine_s * 1000:.3f}"
+        headers["Server-Timing"] = f"engine;dur={view['engine_ms']:.3f}"
     return headers
 
 
-def _cache_headers(decision: Decision) -> dict[str, str]:
-    """The cache's stage that decided, and the cached prompt it served or turned down."""
-    headers = {}
-    if decision.cache_stage is not None:
-        headers["x-satisfice-cache-stage"] = decision.cache_stage
-    if decision.cache_entry is not None:
-        # Decimal text: JSON clients lose integers above 2**53; what /v1/feedback takes.
-        headers["x-satisfice-cache-entry"] = str(decision.cache_entry)
-    if decision.similarity is not None:
-        headers["x-satisfice-cache-similarity"] = f"{decision.similarity:.4f}"
-    if decision.cache_score is not None:
-        headers["x-satisfice-cache-score"] = f"{decision.cache_score:.4f}"
-    return headers
-
-
-def _loop_headers(trace: LoopTrace) -> dict[str, str]:
-    return {
-        "x-satisfice-stop": trace.stop,
-        "x-satisfice-fallback": trace.fallback,
-        "x-satisfice-rounds": str(len(trace.rounds)),
-        "x-satisfice-branches": str(sum(len(r.branches) for r in trace.rounds)),
-        "x-satisfice-tokens": str(trace.tokens),
-    }
+def _shown_value(name: str, value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.1f}" if name == "superseded_ms" else f"{value:.4f}"
+    return str(value)

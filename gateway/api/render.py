@@ -22,7 +22,6 @@ from gateway.api.wire import (
     ChoiceLogprobs,
     ChunkChoice,
     ChunkDelta,
-    DecisionTrace,
     ErrorResponse,
     ThoughtChunk,
     ThoughtCompletion,
@@ -33,7 +32,8 @@ from gateway.api.wire import (
     encode_sse,
 )
 from gateway.ops.ids import RandomHex
-from gateway.pipeline.outcome import Decision, Finished, Outcome, Reasoning, Refused, TextDelta
+from gateway.pipeline.exchange import Exchange
+from gateway.pipeline.outcome import Answering, Finished, Reasoning, Refused, TextDelta
 
 
 class Reply(msgspec.Struct, frozen=True, kw_only=True):
@@ -82,26 +82,28 @@ class Template:
         return b"".join(pieces)
 
 
-async def template(outcome: Outcome, model: str, *, stream: bool, include_usage: bool) -> Template:
-    """The body ``completion`` (or with ``stream``, ``chunks``) renders for ``outcome``,
+async def template(
+    answering: Answering, model: str, *, stream: bool, include_usage: bool
+) -> Template:
+    """The body ``completion`` (or with ``stream``, ``chunks``) renders for ``answering``,
     as a template: the same function renders it, so the bytes are the same."""
     reply = Reply(
         id=_TEMPLATE_ID, created=_TEMPLATE_CREATED, model=model,
         include_usage=include_usage, trace=False,
     )  # fmt: skip
     if not stream:
-        return Template(await completion(outcome, reply))
-    body = [part async for part in chunks(outcome, reply, lambda: None, lambda _: None)]
+        return Template(await completion(answering, reply))
+    body = [part async for part in chunks(answering, reply)]
     return Template(b"".join(body))
 
 
-async def completion(outcome: Outcome, reply: Reply) -> bytes:
+async def completion(answering: Answering, reply: Reply) -> bytes:
     """The whole answer as one chat completion (JSON). Raises what the answer raised."""
     texts: defaultdict[int, list[str]] = defaultdict(list)
     logprobs: defaultdict[int, list[EngineLogprob]] = defaultdict(list)
     asked_logprobs = False
     end: Finished | None = None
-    async with contextlib.aclosing(outcome.events) as events:
+    async with contextlib.aclosing(answering.events) as events:
         async for event in events:
             if isinstance(event, TextDelta):
                 texts[event.index].append(event.text)
@@ -121,25 +123,26 @@ async def completion(outcome: Outcome, reply: Reply) -> bytes:
         )
         for index, reason in enumerate(end.finish_reasons)
     ]
-    decision = outcome.decision
     body = ChatCompletion(
         id=reply.id, created=reply.created, model=reply.model, choices=choices, usage=_usage(end)
     )
-    if decision.loop is not None:
-        body = ThoughtCompletion(**msgspec.structs.asdict(body), satisfice=decision.loop)
+    if end.loop is not None:
+        body = ThoughtCompletion(**msgspec.structs.asdict(body), satisfice=end.loop)
     elif reply.trace:
-        body = TracedCompletion(**msgspec.structs.asdict(body), satisfice=decision_trace(decision))
+        trace = answering.decision.view()
+        body = TracedCompletion(**msgspec.structs.asdict(body), satisfice=trace)
     return msgspec.json.encode(body)
 
 
 async def chunks(
-    outcome: Outcome, reply: Reply, on_first: Callable[[], None], on_end: Callable[[int], None]
+    answering: Answering, reply: Reply, exchange: Exchange | None = None
 ) -> AsyncIterator[bytes]:
     """The answer as server-sent events. An error after the first chunk goes in the
-    stream; ``on_end`` hears the status the exchange ended with (499: the client left)."""
-    decision = outcome.decision
+    stream. ``exchange`` (None: a template, sent to nobody yet) hears the first chunk
+    go out, and the response end: 499 if the client left before it was whole."""
     started: set[int] = set()
-    status = 499  # until the stream has been sent whole, or failed on its own
+    # The client left, until the stream has been sent whole or failed on its own.
+    status, error = 499, "client_gone"
 
     def chunk(choices: list[ChunkChoice], usage: Usage | None = None) -> bytes:
         return encode_sse(
@@ -158,12 +161,12 @@ async def chunks(
         return chunk([ChunkChoice(index, ChunkDelta(role="assistant", content=""))])
 
     try:
-        async with contextlib.aclosing(outcome.events) as events:
-            first = True
+        async with contextlib.aclosing(answering.events) as events:
+            unsent = exchange is not None  # the first chunk is still to go
             async for event in events:
-                if first:
-                    first = False
-                    on_first()
+                if unsent and exchange is not None:
+                    unsent = False
+                    exchange.first_byte()
                 if isinstance(event, Reasoning):
                     delta = ChunkDelta(reasoning_content=event.text)
                     yield opening(0) + chunk([ChunkChoice(0, delta)])
@@ -172,23 +175,23 @@ async def chunks(
                     text = ChunkChoice(event.index, ChunkDelta(content=event.text), None, logprobs)
                     yield opening(event.index) + chunk([text])
                 else:
-                    yield _ending(event, decision, reply, opening, chunk)
-            status = 200
+                    yield _ending(event, reply, opening, chunk)
+            status, error = 200, ""
     except (Refused, EngineError) as exc:  # the response has begun: the error goes in it
-        error = APIError.of(exc)
-        assert error is not None
-        status = 200
-        yield encode_sse(ErrorResponse(error.body))
+        refusal = APIError.of(exc)
+        assert refusal is not None
+        status, error = 200, refusal.reason
+        yield encode_sse(ErrorResponse(refusal.body))
     except Exception:
-        status = 500
+        status, error = 500, "internal_error"
         raise
     finally:
-        on_end(status)
+        if exchange is not None:
+            exchange.end(status, error or None)
 
 
 def _ending(
     end: Finished,
-    decision: Decision,
     reply: Reply,
     opening: Callable[[int], bytes],
     chunk: Callable[[list[ChunkChoice], Usage | None], bytes],
@@ -197,10 +200,10 @@ def _ending(
     parts = []
     for index, reason in enumerate(end.finish_reasons):
         finish = [ChunkChoice(index, ChunkDelta(), reason)]
-        if decision.loop is not None and index == 0:
+        if end.loop is not None and index == 0:
             last = ThoughtChunk(
                 id=reply.id, created=reply.created, model=reply.model, choices=finish,
-                satisfice=decision.loop,
+                satisfice=end.loop,
             )  # fmt: skip
             parts.append(opening(index) + encode_sse(last))
         else:
@@ -209,23 +212,6 @@ def _ending(
         parts.append(chunk([], _usage(end)))
     parts.append(SSE_DONE)
     return b"".join(parts)
-
-
-def decision_trace(decision: Decision) -> DecisionTrace:
-    """The decision as a client that asks with ``x-satisfice-trace: true`` sees it."""
-    return DecisionTrace(
-        tenant=decision.tenant,
-        route=decision.route,
-        engine=decision.engine,
-        cache=decision.cache,
-        cache_stage=decision.cache_stage,
-        cache_entry=None if decision.cache_entry is None else str(decision.cache_entry),
-        similarity=decision.similarity,
-        cache_score=decision.cache_score,
-        difficulty=decision.difficulty,
-        confidence=decision.confidence,
-        failover=decision.failover,
-    )
 
 
 def _usage(end: Finished) -> Usage:

@@ -1,16 +1,16 @@
 """The OpenAI-compatible routes, the probes and /metrics.
 
-A chat request is read here (its headers, its body checked against the limits, its
-key's rate limit), handed to the pipeline with the settings resolved for it, and its
-outcome rendered; the metrics, the access log and the trace span hear how it ended
-from the decision, in one place.
+A chat request is let in by the front door (gateway.api.front), handed to the pipeline
+with the settings resolved for it, and its answer rendered; its exchange is ended here,
+and everything else (metrics, the access log, the trace span, the cache's write-back)
+hears of it once it has settled.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from litestar import Request, Response, get, post
@@ -23,16 +23,17 @@ from litestar.types import ASGIApp
 from engines.base import EngineError
 from gateway.api import render
 from gateway.api.auth import Caller
-from gateway.api.errors import COUNTED, APIError, ClientGone
+from gateway.api.errors import EXCHANGE, APIError, ClientGone
 from gateway.api.feedback import feedback
+from gateway.api.front import HANDED, Admitted, admit, open_exchange
 from gateway.api.guards import require_json, require_key
-from gateway.api.headers import decision_headers, read_headers
+from gateway.api.headers import decision_headers
 from gateway.api.validate import chat_request
 from gateway.api.wire import ChatCompletion, ChatCompletionRequest, ErrorResponse, Model, ModelList
 from gateway.config import AUTO_MODEL, GatewayConfig
-from gateway.ops import logs, tracing
-from gateway.ops.metrics import CLIENT_CLOSED, CONTENT_TYPE, Exchange
-from gateway.pipeline.outcome import Decision, Refused
+from gateway.ops.metrics import CLIENT_CLOSED, CONTENT_TYPE
+from gateway.pipeline.exchange import Exchange
+from gateway.pipeline.outcome import Refused
 from gateway.pipeline.pipeline import Pipeline
 from gateway.pipeline.policy import Policy, resolve
 from gateway.pipeline.request import ChatRequest
@@ -93,112 +94,75 @@ def _ready(state: State) -> Runtime:
 async def chat_completions(
     data: ChatCompletionRequest, state: State, request: Request[Any, Any, Any]
 ) -> ASGIApp:
-    arrived = time.monotonic()
     runtime: Runtime = state.runtime
     caller: Caller = request.state.caller
-    decision = Decision(tenant=caller.tenant, model=data.model)
-    exchange = runtime.metrics.exchange()
-    request.state[COUNTED] = True  # by end() below, however the request ends
-
-    def end(status: int) -> None:
-        exchange_ended(runtime, caller, decision, exchange, status)
-
+    handed: tuple[Exchange, Admitted] | None = request.state.get(HANDED)
+    if handed is None:
+        exchange = open_exchange(runtime, tenant=caller.tenant, model=data.model, key=caller.key)
+    else:
+        exchange = handed[0]
+    request.state[EXCHANGE] = exchange  # ended below, however the request ends
     try:
-        response = await _chat(state, request, data, decision, arrived, exchange, end)
+        response = await _chat(state, request, data, exchange, handed)
     except BaseException as exc:
-        end(_status(exc))
+        status, error = ending(exc)
+        exchange.end(status, error)
         raise
     return response.to_asgi_response(None, request)
-
-
-def exchange_ended(
-    runtime: Runtime, caller: Caller, decision: Decision, exchange: Exchange, status: int
-) -> None:
-    """How a chat exchange ended, once, for the metrics, the access log and the span."""
-    seconds = exchange.ended(decision, status)
-    if decision.cache == "semantic" and decision.cache_entry is not None and status == 200:
-        rid = logs.request_id.get()
-        if rid is not None:
-            runtime.recent_hits.add(caller.tenant, rid, decision.cache_entry, decision.cache_score)
-    if seconds is not None:
-        logs.access(decision, status, seconds, caller.key)
-        tracing.chat_ended(decision)
 
 
 async def _chat(
     state: State,
     request: Request[Any, Any, Any],
     data: ChatCompletionRequest,
-    decision: Decision,
-    arrived: float,
     exchange: Exchange,
-    end: Callable[[int], None],
+    handed: tuple[Exchange, Admitted] | None,
 ) -> Response[Any]:
     runtime = _ready(state)
-    pipeline: Pipeline = state.pipeline
-    config: GatewayConfig = request.state.config
-    caller: Caller = request.state.caller
-    asked = read_headers(request.headers)
-    chat = chat_request(data, runtime.engines, runtime.router is not None, config.server)
-    if caller.limits is not None:
-        cost = chat.prompt_tokens + chat.params.max_tokens
-        await runtime.limiter.admit(
-            caller.key or "", caller.limits, cost, config.auth.rate_limit_outage
-        )
-    policy = resolve(
-        config,
-        caller.tenant,
-        arrived=arrived,
-        asked_deadline_ms=asked.deadline_ms,
-        control=asked.cache,
-        conversation=asked.conversation or user_conversation(data, config),
-    )
+    if handed is None:
+        config: GatewayConfig = request.state.config
+        caller: Caller = request.state.caller
+        admitted = await admit(runtime, config, caller, data, request.headers, exchange)
+    else:
+        admitted = handed[1]
+    chat, policy, pipeline = admitted.chat, admitted.policy, runtime.pipeline
     reply = render.Reply(
         id=render.completion_id(),
         created=int(time.time()),
         model=data.model,
         include_usage=chat.include_usage,
-        trace=asked.trace,
+        trace=admitted.trace,
     )
     # From here the work is the engines': it stops when the client leaves (a stream's
-    # client, by closing the stream).
-    if data.stream:
-        outcome = await _unless_gone(request, pipeline.run(chat, policy, decision))
-        body = render.chunks(outcome, reply, lambda: exchange.first_byte(decision.route), end)
-        headers = {**decision_headers(decision), "Cache-Control": "no-cache"}
+    # client, by closing the stream, which ends the exchange).
+    if chat.stream:
+        answering = await _unless_gone(request, pipeline.run(chat, policy, exchange))
+        body = render.chunks(answering, reply, exchange)
+        headers = {**decision_headers(answering.decision), "Cache-Control": "no-cache"}
         return Stream(body, media_type="text/event-stream", headers=headers)
     try:
         completion = await _unless_gone(
-            request, _completion(pipeline, chat, policy, decision, reply)
+            request, _completion(pipeline, chat, policy, exchange, reply)
         )
     except (Refused, EngineError) as exc:
         # The error says what was decided up to then (the loop's deadline with the error
         # fallback, a newer turn, an engine that refused).
         error = APIError.of(exc)
         assert error is not None
-        end(error.status)
         refusal = error.response()
-        refusal.headers.update(decision_headers(decision))
+        refusal.headers.update(decision_headers(exchange.decision))
+        exchange.end(error.status, error.reason)
         return refusal
-    end(200)
-    return Response(completion, media_type="application/json", headers=decision_headers(decision))
+    headers = decision_headers(exchange.decision)  # complete: the answer is whole
+    exchange.end(200)
+    return Response(completion, media_type="application/json", headers=headers)
 
 
 async def _completion(
-    pipeline: Pipeline,
-    chat: ChatRequest,
-    policy: Policy,
-    decision: Decision,
-    reply: render.Reply,
+    pipeline: Pipeline, chat: ChatRequest, policy: Policy, exchange: Exchange, reply: render.Reply
 ) -> bytes:
-    """A plain answer, whole: the pipeline's outcome, drained into one completion."""
-    return await render.completion(await pipeline.run(chat, policy, decision), reply)
-
-
-def user_conversation(data: ChatCompletionRequest, config: GatewayConfig) -> str | None:
-    """The OpenAI ``user`` field names a conversation only where the config says so: it
-    is an end user's id, and one user may ask two questions at once."""
-    return data.user if config.server.user_is_conversation else None
+    """A plain answer, whole: the pipeline's answer, drained into one completion."""
+    return await render.completion(await pipeline.run(chat, policy, exchange), reply)
 
 
 async def _unless_gone(request: Request[Any, Any, Any], work: Awaitable[T]) -> T:
@@ -228,16 +192,16 @@ async def _disconnect(request: Request[Any, Any, Any]) -> None:
         pass
 
 
-def _status(exc: BaseException) -> int:
-    """The HTTP status the client gets for an exception out of a chat request."""
+def ending(exc: BaseException) -> tuple[int, str]:
+    """The HTTP status a chat request ends with when ``exc`` ends it, and the error."""
     error = APIError.of(exc)
     if error is not None:
-        return error.status
+        return error.status, error.reason
     if isinstance(exc, HTTPException):
-        return exc.status_code
+        return exc.status_code, "http_error"
     if isinstance(exc, (ClientGone, asyncio.CancelledError)):
-        return CLIENT_CLOSED
-    return 500
+        return CLIENT_CLOSED, "client_gone"
+    return 500, "internal_error"
 
 
 @post(
@@ -266,7 +230,7 @@ async def explain_route(
     and charged to the key's rate limit, as it costs an embedding; only model "auto"
     is routed."""
     runtime = _ready(state)
-    pipeline: Pipeline = state.pipeline
+    pipeline = runtime.pipeline
     config: GatewayConfig = request.state.config
     caller: Caller = request.state.caller
     chat = chat_request(data, runtime.engines, runtime.router is not None, config.server)

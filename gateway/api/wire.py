@@ -13,6 +13,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from evaluator.loop import LoopTrace
+from gateway.pipeline.outcome import DecisionView
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -119,30 +120,10 @@ class ThoughtCompletion(ChatCompletion, frozen=True, kw_only=True):
     satisfice: LoopTrace
 
 
-class DecisionTrace(Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """Why a (non-loop) answer came from where it did: what the x-satisfice-* headers
-    say, as one object, for a client that asks with ``x-satisfice-trace: true``."""
-
-    tenant: str
-    route: str  # exact, semantic, coalesced, or the tier / engine that generated it
-    engine: str | None = None  # the engine whose answer it is
-    cache: str | None = None  # exact | semantic | coalesced | miss | bypass | off
-    # The cache's stage that decided (exact, verifier, similarity, guard:<name>, ...),
-    # and the cached prompt it served or turned down: entry id (decimal), similarity,
-    # and the verifier's P(same answer).
-    cache_stage: str | None = None
-    cache_entry: str | None = None
-    similarity: float | None = None
-    cache_score: float | None = None
-    difficulty: float | None = None  # the router's score, for model "auto"
-    confidence: float | None = None  # P(correct) of a small answer the loop kept
-    failover: str | None = None  # the unavailable engine this one stood in for
-
-
 class TracedCompletion(ChatCompletion, frozen=True, kw_only=True):
     """A completion with its decision trace (clients ignore the extra field)."""
 
-    satisfice: DecisionTrace
+    satisfice: DecisionView
 
 
 class ChunkDelta(Struct, frozen=True, omit_defaults=True):

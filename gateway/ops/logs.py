@@ -20,7 +20,7 @@ from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.ops.ids import RandomHex
-from gateway.pipeline.outcome import NO_ROUTE, Decision
+from gateway.pipeline.exchange import Settled
 
 if TYPE_CHECKING:
     from gateway.config import ServerSettings
@@ -283,32 +283,24 @@ def http_access(method: str, path: str, status: int, seconds: float) -> None:
     _line("%s %s %s in %.1f ms", (method, path, status, seconds * 1000), fields)
 
 
-def access(decision: Decision, status: int, seconds: float, key: str | None) -> None:
-    """The access line of one chat completion: what answered and how, never the text.
-    ``key`` is the API key's name in the config, never the key."""
+def access(settled: Settled) -> None:
+    """The access line of one chat completion, once it has settled: what answered and
+    how (the decision's view), never the text nor the key, only the key's name."""
+    decision = settled.decision
     fields: dict[str, object] = {
         "route": decision.route,
-        "status": status,
-        "duration_ms": round(seconds * 1000, 3),
-        "model": clipped(decision.model),
-        "tenant": decision.tenant,
+        "status": settled.status,
+        "duration_ms": round(settled.seconds * 1000, 3),
     }
-    if key is not None:
-        fields["key"] = key
-    if decision.engine is not None:
-        fields["engine"] = decision.engine
-    if decision.route != NO_ROUTE:
-        fields["cache"] = decision.cache
-    if decision.cache_stage is not None:
-        fields["cache_stage"] = decision.cache_stage
-    if decision.cache_entry is not None:
-        fields["cache_entry"] = str(decision.cache_entry)
-    if decision.cache_score is not None:
-        fields["cache_score"] = round(decision.cache_score, 4)
-    if decision.loop is not None:
-        fields["stop"] = decision.loop.stop
-        fields["fallback"] = decision.loop.fallback
-    _line("chat completion %s %s in %.1f ms", (decision.route, status, seconds * 1000), fields)
+    if settled.key is not None:
+        fields["key"] = settled.key
+    if settled.error is not None:
+        fields["error"] = settled.error
+    for name, value in msgspec.to_builtins(decision.view()).items():
+        fields.setdefault(name, round(value, 4) if isinstance(value, float) else value)
+    fields["model"] = clipped(decision.model)
+    route, status, ms = decision.route, settled.status, settled.seconds * 1000
+    _line("chat completion %s %s in %.1f ms", (route, status, ms), fields)
     written = _access.get()
     if written is not None:
         written.line = True

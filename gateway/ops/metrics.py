@@ -7,7 +7,6 @@ side never share a counter. What the cache and the engines count anyway is read 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator, Mapping
 from typing import Protocol, runtime_checkable
 
@@ -20,7 +19,7 @@ from engines.base import Engine
 from engines.failover import FailoverEngine
 from engines.fanout import FanOutEngine
 from engines.openai_http import OpenAIHTTPEngine
-from gateway.pipeline.outcome import NO_ROUTE, Decision
+from gateway.pipeline.exchange import Settled
 
 # The text format Prometheus has always scraped (generate_latest writes it).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -47,8 +46,8 @@ class Metrics:
         )
         self.first_byte = Histogram(
             "satisfice_time_to_first_byte_seconds",
-            "Streamed chat completions: seconds from the request to the first body chunk "
-            "(by the route known then: a loop's stream counts as loop)",
+            "Streamed chat completions: seconds from the request to the first body chunk, "
+            "by the route that answered",
             ["route"],
             buckets=_SECONDS,
             registry=registry,
@@ -144,9 +143,6 @@ class Metrics:
         registry.register(_Collected(engines, cache))
         self._by_route: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
 
-    def exchange(self) -> Exchange:
-        return Exchange(self)
-
     def by_route(self, route: str, status: int) -> tuple[Counter, Histogram]:
         """The request counter and latency histogram of a route and status, looked up
         once: the label lookup costs more than the count (routes and statuses are few:
@@ -159,10 +155,28 @@ class Metrics:
             )
         return children
 
-    def refused(self, status: int) -> None:
-        """A chat request that ended before the handler ran (its key, its headers or its
-        body refused, or a failure there)."""
-        self.requests.labels(route=NO_ROUTE, status=str(status)).inc()
+    def settled(self, settled: Settled) -> None:
+        """A chat request has settled: counted once, by the route that answered it."""
+        decision, status = settled.decision, settled.status
+        requests, timed = self.by_route(decision.route, status)
+        requests.inc()
+        timed.observe(settled.seconds)
+        if settled.first_byte_s is not None:
+            self.first_byte.labels(route=decision.route).observe(settled.first_byte_s)
+        if decision.cache == "semantic" and status == 200 and self.semantic_hits is not None:
+            self.semantic_hits.labels(tenant=decision.tenant).inc()
+        trace = decision.loop
+        # Late, or 504 deadline_exceeded (as the status, or inside a stream that had begun).
+        late = decision.deadline is not None and settled.ended > decision.deadline
+        if late or (trace is not None and trace.fallback == "error"):
+            self.sla_misses.inc()
+        if trace is not None:
+            self.loop_rounds.observe(len(trace.rounds))
+            self.loop_branches.observe(sum(len(r.branches) for r in trace.rounds))
+            self.loop_confidence.observe(trace.confidence)
+            self.loop_stops.labels(reason=trace.stop).inc()
+            if trace.fallback != "none":
+                self.loop_fallbacks.labels(fallback=trace.fallback).inc()
 
     def connection_refused(self, reason: str) -> None:
         self.connections_refused.labels(reason=reason).inc()
@@ -176,49 +190,6 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
-
-
-class Exchange:
-    """One chat request as the metrics see it: its start, its first byte if it streams,
-    and its end with the decision that answered it, recorded once."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self._metrics = metrics
-        self._started = time.monotonic()
-        self._ended = False
-
-    def first_byte(self, route: str) -> None:
-        self._metrics.first_byte.labels(route=route).observe(time.monotonic() - self._started)
-
-    def ended(self, decision: Decision | None, status: int) -> float | None:
-        """The request is over: ``decision`` is None when it failed before it had one.
-        The seconds it took, the first time; None after that."""
-        if self._ended:
-            return None
-        self._ended = True
-        now, metrics = time.monotonic(), self._metrics
-        seconds = now - self._started
-        route = NO_ROUTE if decision is None else decision.route
-        requests, timed = metrics.by_route(route, status)
-        requests.inc()
-        timed.observe(seconds)
-        if decision is None:
-            return seconds
-        if decision.cache == "semantic" and status == 200 and metrics.semantic_hits is not None:
-            metrics.semantic_hits.labels(tenant=decision.tenant).inc()
-        trace = decision.loop
-        # Late, or 504 deadline_exceeded (as the status, or inside a stream that had begun).
-        late = decision.deadline is not None and now > decision.deadline
-        if late or (trace is not None and trace.fallback == "error"):
-            metrics.sla_misses.inc()
-        if trace is not None:
-            metrics.loop_rounds.observe(len(trace.rounds))
-            metrics.loop_branches.observe(sum(len(r.branches) for r in trace.rounds))
-            metrics.loop_confidence.observe(trace.confidence)
-            metrics.loop_stops.labels(reason=trace.stop).inc()
-            if trace.fallback != "none":
-                metrics.loop_fallbacks.labels(fallback=trace.fallback).inc()
-        return seconds
 
 
 @runtime_checkable

@@ -21,7 +21,7 @@ import msgspec
 
 from gateway.config import ConfigError, TelemetrySettings
 from gateway.ops.logs import clipped, request_id
-from gateway.pipeline.outcome import Decision
+from gateway.pipeline.exchange import Settled
 
 if TYPE_CHECKING:
     from litestar.types import ASGIApp, HTTPScope, Message, Receive, Scope, Send
@@ -188,28 +188,29 @@ def _route_of(scope: Scope) -> str | None:
     return template if isinstance(template, str) else None
 
 
-def chat_ended(decision: Decision) -> None:
-    """A chat completion's decision, on its request's span (when it is traced)."""
+# The decision view's fields grouped under a namespace on a span; the rest are
+# satisfice.<field>.
+_SPAN_NAMES = {
+    "cache_stage": "cache.stage",
+    "cache_entry": "cache.entry",
+    "similarity": "cache.similarity",
+    "cache_score": "cache.score",
+    "stop": "loop.stop",
+    "fallback": "loop.fallback",
+    "rounds": "loop.rounds",
+    "branches": "loop.branches",
+    "tokens": "loop.tokens",
+}
+
+
+def chat_ended(settled: Settled) -> None:
+    """A settled chat completion's decision (its view), on its request's span when it
+    is traced."""
     span = _request_span.get()
     if span is None or not span.is_recording():
         return
-    attributes: dict[str, str | int | float] = {
-        "satisfice.route": decision.route,
-        "satisfice.model": clipped(decision.model),
-        "satisfice.cache": decision.cache,
-    }
-    if decision.engine is not None:
-        attributes["satisfice.engine"] = decision.engine
-    if decision.cache_stage is not None:
-        attributes["satisfice.cache.stage"] = decision.cache_stage
-    if decision.cache_entry is not None:
-        attributes["satisfice.cache.entry"] = str(decision.cache_entry)
-    if decision.cache_score is not None:
-        attributes["satisfice.cache.score"] = decision.cache_score
-    trace = decision.loop
-    if trace is not None:
-        attributes["satisfice.loop.stop"] = trace.stop
-        attributes["satisfice.loop.fallback"] = trace.fallback
-        attributes["satisfice.loop.rounds"] = len(trace.rounds)
-        attributes["satisfice.loop.confidence"] = trace.confidence
-    span.set_attributes(attributes)
+    view = msgspec.to_builtins(settled.decision.view())
+    view["model"] = clipped(settled.decision.model)
+    span.set_attributes(
+        {f"satisfice.{_SPAN_NAMES.get(name, name)}": value for name, value in view.items()}
+    )

@@ -1,3 +1,4 @@
 """A chat request's way through the gateway, with no HTTP in it: ``Pipeline.run`` takes
-a checked request and the settings resolved for it, and returns an ``Outcome``, the
-typed decision and the answer as a stream of events (DESIGN.md, steps 1-7)."""
+a checked request, the settings resolved for it and its ``Exchange``, and returns the
+answer as a stream of events with the decision taken so far; the request then settles
+once, with its complete decision (docs/architecture.md, steps 1-8)."""

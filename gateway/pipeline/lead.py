@@ -13,27 +13,44 @@ from collections.abc import AsyncGenerator, Coroutine
 from typing import Any
 
 from cache.coalesce import Flight
-from gateway.pipeline.keeper import Keeper, SharedAnswer
+from gateway.pipeline.exchange import Exchange
+from gateway.pipeline.keeping import Keeper, SharedAnswer
 from gateway.pipeline.outcome import Event
 
-Answering = Coroutine[Any, Any, AsyncGenerator[Event]]
+Work = Coroutine[Any, Any, AsyncGenerator[Event]]
 
 
 class Lead:
-    """``answering`` (the answer's events, once its first is due) run by a task that
+    """``work`` (the answer's events, once its first is due) run by a task that
     the leader's client reads through a queue. When that client leaves, the task goes
-    on while the flight has followers, and is cancelled when the last one leaves."""
+    on while the flight has followers, and is cancelled when the last one leaves; the
+    leader's request settles once the task is over."""
 
-    def __init__(self, flight: Flight[SharedAnswer], keeper: Keeper, answering: Answering) -> None:
+    def __init__(
+        self,
+        flight: Flight[SharedAnswer],
+        keeper: Keeper,
+        exchange: Exchange,
+        work: Work,
+    ) -> None:
         self._flight = flight
         self._keeper = keeper
+        self._exchange = exchange
+        exchange.hold()  # the leader's request settles once this work is over
         self._queue: asyncio.Queue[Event | BaseException | None] = asyncio.Queue()
         self._read = True  # the leader's client still reads the events
-        self._task = asyncio.create_task(self._pump(answering))
+        self._task = asyncio.create_task(self._pump(work))
+        # A callback, not the task's own `finally`: a task cancelled before it started
+        # never runs its coroutine.
+        self._task.add_done_callback(self._over)
 
-    async def _pump(self, answering: Answering) -> None:
+    def _over(self, _: asyncio.Task[None]) -> None:
+        self._keeper.done()
+        self._exchange.release()
+
+    async def _pump(self, work: Work) -> None:
         try:
-            events = await answering
+            events = await work
             async with contextlib.aclosing(events):
                 async for event in events:
                     if self._read:
@@ -42,10 +59,6 @@ class Lead:
             self._queue.put_nowait(exc)
         else:
             self._queue.put_nowait(None)
-        finally:
-            # Settles nothing if the answer settled (keeper's first call counts): this is
-            # for work cancelled or failed before its answer was whole.
-            self._keeper.settle(None)
 
     async def events(self) -> AsyncGenerator[Event]:
         """The answer's events for the leader; raises what the answer raised before its

@@ -2,7 +2,9 @@
 
 Every answer, from the cache, an engine or the reasoning loop, plain or streamed,
 is the same stream of events; the HTTP layer drains it into one completion or sends
-each event as it comes, and derives headers, logs and metrics from the ``Decision``.
+each event as it comes, and derives its headers from the ``Decision`` in force when
+the answer begins. Everything else hears of the request once it has settled
+(gateway.pipeline.exchange).
 An answer that fails after it has begun raises from the stream: ``Refused`` for what
 the client can act on, the engine's ``EngineError`` for what the engine could not do.
 """
@@ -10,7 +12,7 @@ the client can act on, the engine's ``EngineError`` for what the engine could no
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -25,10 +27,10 @@ CacheStatus = Literal["exact", "semantic", "coalesced", "miss", "bypass", "off"]
 NO_ROUTE = "error"
 
 
-class Decision(msgspec.Struct, kw_only=True):
-    """What the gateway decided for one request, filled in as it goes: by the time the
-    first event arrives everything but the loop's trace and the answer's confidence is
-    known (the headers), by the last, everything (the logs, metrics and trace)."""
+class Decision(msgspec.Struct, frozen=True, kw_only=True):
+    """What the gateway decided for one request. Frozen: the pipeline makes a new one
+    at each step (``decided``); the response's headers read the one in force when the
+    answer begins, the settled event the complete one (gateway.pipeline.exchange)."""
 
     tenant: str
     model: str  # the name the client asked for
@@ -53,6 +55,68 @@ class Decision(msgspec.Struct, kw_only=True):
     deadline: float | None = None  # time.monotonic() seconds
     engine_s: float | None = None  # the engine's own time, its queue included
 
+    def decided(self, **changes: Any) -> Decision:
+        """This decision with ``changes``."""
+        return msgspec.structs.replace(self, **changes)
+
+    def view(self) -> DecisionView:
+        """The decision as the flat fields every reader shows."""
+        trace = self.loop
+        return DecisionView(
+            tenant=self.tenant,
+            model=self.model,
+            route=self.route,
+            cache=self.cache,
+            cache_stage=self.cache_stage,
+            cache_entry=None if self.cache_entry is None else str(self.cache_entry),
+            similarity=self.similarity,
+            cache_score=self.cache_score,
+            difficulty=self.difficulty,
+            engine=self.engine,
+            failover=self.failover,
+            escalated_from=self.escalated_from,
+            confidence=self.confidence,
+            superseded_ms=self.superseded_ms,
+            engine_ms=None if self.engine_s is None else self.engine_s * 1000,
+            stop=None if trace is None else trace.stop,
+            fallback=None if trace is None else trace.fallback,
+            rounds=None if trace is None else len(trace.rounds),
+            branches=None if trace is None else sum(len(r.branches) for r in trace.rounds),
+            tokens=None if trace is None else trace.tokens,
+        )
+
+
+class DecisionView(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A decision as flat, named fields: the one view from which the response headers,
+    the decision trace a client asks for, the access log and the trace span are all
+    derived (gateway.api.headers, gateway.api.render, gateway.ops.logs and .tracing),
+    so that a field added here reaches each of them. None: not part of this decision."""
+
+    tenant: str
+    model: str  # the name the client asked for
+    route: str  # exact, semantic, coalesced, the tier or engine that generated, loop, ...
+    cache: str  # exact | semantic | coalesced | miss | bypass | off
+    # The cache's stage that decided (exact, verifier, similarity, guard:<name>, ...),
+    # and the cached prompt it served or turned down: entry id (decimal: JSON clients
+    # lose integers above 2**53), similarity, and the verifier's P(same answer).
+    cache_stage: str | None = None
+    cache_entry: str | None = None
+    similarity: float | None = None
+    cache_score: float | None = None
+    difficulty: float | None = None  # the router's score, for model "auto"
+    engine: str | None = None  # the engine whose answer it is
+    failover: str | None = None  # the unavailable engine this one stood in for
+    escalated_from: str | None = None  # the small engine, when the loop took over
+    confidence: float | None = None  # the evaluator's calibrated P(correct)
+    superseded_ms: float | None = None  # how long the conversation's last turn took to stop
+    engine_ms: float | None = None  # the engine's own time, its queue included
+    # The reasoning loop's: why it stopped, its fallback, rounds, branches and tokens.
+    stop: str | None = None
+    fallback: str | None = None
+    rounds: int | None = None
+    branches: int | None = None
+    tokens: int | None = None
+
 
 class TextDelta(msgspec.Struct, frozen=True):
     """New answer text of choice ``index``; ``logprobs`` covers exactly its tokens when
@@ -70,18 +134,22 @@ class Reasoning(msgspec.Struct, frozen=True):
 
 
 class Finished(msgspec.Struct, frozen=True):
-    """The answer is whole: each choice's finish reason, in index order, and usage."""
+    """The answer is whole: each choice's finish reason, in index order, usage, and
+    the loop's trace when the loop answered (a client sees it with the answer)."""
 
     finish_reasons: tuple[str, ...]
     prompt_tokens: int
     completion_tokens: int
+    loop: LoopTrace | None = None
 
 
 Event = TextDelta | Reasoning | Finished
 
 
-class Outcome(msgspec.Struct, frozen=True):
-    """The decision and the answer's events; closing ``events`` stops any work left."""
+class Answering(msgspec.Struct, frozen=True):
+    """An answer under way: the decision as it stands when the answer begins (what the
+    response's headers say), and the answer's events; closing ``events`` stops any
+    work left."""
 
     decision: Decision
     events: AsyncGenerator[Event]

@@ -1,8 +1,10 @@
-"""Steps 1-7 of a chat request (DESIGN.md, "the request's way through the code"), in order:
+"""Steps 1-7 of a chat request (docs/architecture.md, "A request's way"), in order:
 
 1. the exact cache key; 2. the last user turn embedded once, when something needs it;
 3. the semantic cache; 4. the router's difficulty; 5a. the engine, whose answer the
-evaluator may escalate, or 5b. the reasoning loop; 6. the write-back; 7. the outcome.
+evaluator may escalate, or 5b. the reasoning loop; 6. a whole answer noted for the
+cache; 7. the answer as events. The request's ``Exchange`` holds its decision as it is
+taken; the request settles (step 8) once its response and its work are over.
 
 The embedding of step 2 is computed on first use and reused: the semantic lookup, the
 router and the write-back share one vector.
@@ -14,68 +16,72 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import AsyncGenerator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncGenerator, Mapping
 
 import msgspec
 
 from cache.coalesce import Coalescer, Flight
 from cache.entry import Namespace, context_fingerprint, entry_id, sampling_key
-from cache.semantic_cache import Hit, Miss
+from cache.semantic_cache import Hit, Miss, SemanticCache
 from engines.base import Delta, Engine, Generation
 from engines.failover import failed_over
 from engines.fanout import FanOutEngine
 from evaluator.loop import Fallback, LoopResult, ReasoningLoop, Thinking
 from gateway.config import AUTO_MODEL
-from gateway.pipeline.keeper import Answer, CachePlan, Keeper, SharedAnswer
+from gateway.pipeline.exchange import Exchange
+from gateway.pipeline.keeping import Answer, CachePlan, Keeper, SharedAnswer
 from gateway.pipeline.lead import Lead
-from gateway.pipeline.outcome import (
-    Decision,
-    Event,
-    Finished,
-    Outcome,
-    Reasoning,
-    Refused,
-    TextDelta,
-)
+from gateway.pipeline.outcome import Answering, Event, Finished, Reasoning, Refused, TextDelta
 from gateway.pipeline.policy import Policy
 from gateway.pipeline.request import ChatRequest
 from gateway.pipeline.turns import LoopRun, Superseded, Turns
-from router.embedder import EmbedderOverloaded, Embedding
-from router.router import RouteDecision
-
-if TYPE_CHECKING:
-    from gateway.runtime import Runtime
+from router.embedder import Embedder, EmbedderOverloaded, Embedding
+from router.router import RouteDecision, Router
 
 
 class Pipeline:
-    """One runtime's request path. It keeps what requests share while they run: the
-    conversations whose loops are in flight, and the identical requests in flight."""
+    """The request path over the parts it uses. It keeps what requests share while
+    they run: the conversations whose loops are in flight, and the identical requests
+    in flight. What may change on a reload reaches it in each request's ``Policy``."""
 
-    def __init__(self, runtime: Runtime) -> None:
-        self._runtime = runtime
+    def __init__(
+        self,
+        *,
+        engines: Mapping[str, Engine],
+        engine_timeouts_s: Mapping[str, float | None],
+        embedder: Embedder | None,
+        router: Router | None,
+        cache: SemanticCache | None,
+        loop: ReasoningLoop | None,
+    ) -> None:
+        self._engines = engines
+        self._engine_timeouts_s = engine_timeouts_s
+        self._embedder = embedder
+        self._router = router
+        self._cache = cache
+        self._loop = loop
         self.turns = Turns()
         self._flights: Coalescer[SharedAnswer] = Coalescer()
 
-    async def run(self, request: ChatRequest, policy: Policy, decision: Decision) -> Outcome:
-        """``request``'s answer as events, and ``decision`` filled in as far as it is known
-        when the answer begins (so that whoever made it reads it even when this raises).
-        Raises ``Refused`` or the engine's error when there is no answer to begin."""
-        runtime = self._runtime
-        if request.model == AUTO_MODEL and runtime.router is None:
+    async def run(self, request: ChatRequest, policy: Policy, exchange: Exchange) -> Answering:
+        """``request``'s answer as events, with the decision as it stands when the answer
+        begins; ``exchange`` holds the decision as it is taken, so that the request
+        settles with it even when this raises. Raises ``Refused`` or the engine's error
+        when there is no answer to begin."""
+        if request.model == AUTO_MODEL and self._router is None:
             raise Refused("model_not_found", "routing is turned off", param="model")
         # A new turn stops the last one's thinking first: it may be asking the same engines.
-        decision.superseded_ms = await self.turns.supersede(policy.conversation)
+        exchange.decide(superseded_ms=await self.turns.supersede(policy.conversation))
         plan = self._cache_plan(request, policy)
-        embedded = Embedded(runtime, request.last_user_turn, self._candidates(request))
+        embedded = Embedded(self._embedder, request.last_user_turn, self._candidates(request))
 
         # 1-3: the cache, exact then semantic.
-        decision.cache = "off" if runtime.cache is None else "bypass"
+        exchange.decide(cache="off" if self._cache is None else "bypass")
         if plan is not None and plan.lookup:
-            answer = await self._cached(plan, policy, embedded, request, decision)
+            answer = await self._cached(plan, policy, embedded, request, exchange)
             if answer is not None:
-                return Outcome(decision, _told(answer))
-            decision.cache = "miss"
+                return _answering(exchange, _told(answer))
+            exchange.decide(cache="miss")
         if policy.control.only_cached:
             raise Refused(
                 "cache_miss",
@@ -86,46 +92,39 @@ class Pipeline:
         route = None
         if request.model == AUTO_MODEL:
             route = await self._route(embedded, policy)
-            decision.difficulty = route.score
-        engine = runtime.engines[route.engine if route is not None else request.model]
-        decision.route = route.tier if route is not None else engine.name
-        decision.engine = engine.name
-        decision.deadline = policy.deadline(engine.name)
+            exchange.decide(difficulty=route.score)
+        engine = self._engines[route.engine if route is not None else request.model]
+        decision = exchange.decide(
+            route=route.tier if route is not None else engine.name,
+            engine=engine.name,
+            deadline=policy.deadline(engine.name),
+        )
 
         # An identical request in flight answers this one too.
         flight, shared = await self._coalesce(plan, policy, request, engine, decision.deadline)
         if shared is not None:
-            decision.cache = decision.route = "coalesced"
-            decision.engine = shared.engine
-            return Outcome(decision, _told(shared.answer))
+            exchange.decide(cache="coalesced", route="coalesced", engine=shared.engine)
+            return _answering(exchange, _told(shared.answer))
 
-        # 5-6: the answer, and what becomes of it.
-        keeper = Keeper(
-            runtime.cache, plan, lambda: embedded.get(may_refuse=False), flight,
-            runtime.in_background,
-        )  # fmt: skip
-        answering = self._answer(request, policy, route, engine, decision, keeper)
+        # 5-7: the answer, and what becomes of it.
+        keeper = Keeper(exchange, plan, lambda: embedded.get(may_refuse=False), flight)
+        answering = self._answer(request, policy, route, engine, exchange, keeper)
         if flight is not None:  # identical requests wait for this answer too
-            return Outcome(decision, await Lead(flight, keeper, answering).events())
-        try:
-            events = await answering
-        except BaseException:
-            keeper.settle(None)
-            raise
-        return Outcome(decision, events)
+            return _answering(exchange, await Lead(flight, keeper, exchange, answering).events())
+        return _answering(exchange, await answering)
 
     def exact_at_hand(
-        self, request: ChatRequest, policy: Policy, decision: Decision
-    ) -> tuple[Outcome, Hit] | None:
+        self, request: ChatRequest, policy: Policy, exchange: Exchange
+    ) -> tuple[Answering, Hit] | None:
         """Step 1 alone, when this process holds the answer and nothing else need run:
         what ``run`` would answer, decided in one synchronous step (the HTTP layer's
-        express path). None: ``run`` must decide, which may still find an exact hit
-        (in the store) or answer otherwise. The hit is not counted: the caller counts
-        it when it serves it (``SemanticCache.note_exact_hit``)."""
-        cache = self._runtime.cache
+        express path, which sends it). None: ``run`` must decide, which may still find
+        an exact hit (in the store) or answer otherwise. The hit is not counted: the
+        caller counts it when it serves it (``SemanticCache.note_exact_hit``)."""
+        cache = self._cache
         if cache is None or policy.conversation is not None:
             return None  # a conversation's turn first stops the last one's thinking
-        if request.model == AUTO_MODEL and self._runtime.router is None:
+        if request.model == AUTO_MODEL and self._router is None:
             return None
         plan = self._cache_plan(request, policy)
         if plan is None or not plan.lookup:
@@ -135,14 +134,15 @@ class Pipeline:
             return None
         if not policy.control.fresh(found.entry.created_at):
             return None
-        decision.cache = decision.route = found.path
-        return Outcome(decision, _told(_served(found, decision))), found
+        answer = _served(found, exchange)
+        exchange.sent_whole(answer)
+        return Answering(exchange.decision, _told(answer)), found
 
     # -- 1-3: the cache ------------------------------------------------------------
 
     def _cache_plan(self, request: ChatRequest, policy: Policy) -> CachePlan | None:
         """How the cache takes part in a request; None when the request cannot use it."""
-        if self._runtime.cache is None or policy.cache is None:
+        if self._cache is None or policy.cache is None:
             return None
         params, last = request.params, request.messages[-1]
         # Several samples, token logprobs or an unfinished assistant turn are not
@@ -156,7 +156,7 @@ class Pipeline:
             tenant=policy.tenant,
             model=request.model,
             context=_context(request),
-            embedding=self._runtime.embedding_model,
+            embedding="none" if self._embedder is None else self._embedder.fingerprint,
             sampling=sampling_key(
                 params.temperature,
                 top_p=params.top_p,
@@ -175,27 +175,28 @@ class Pipeline:
         policy: Policy,
         embedded: Embedded,
         request: ChatRequest,
-        decision: Decision,
+        exchange: Exchange,
     ) -> Answer | None:
-        cache = self._runtime.cache
+        cache = self._cache
         assert cache is not None
         found = await cache.lookup(plan.namespace, plan.prompt, embedded.get, policy.cache)
         if isinstance(found, Miss):
-            decision.cache_stage = found.reason
-            decision.cache_entry = found.candidate
-            decision.similarity = found.candidate_similarity
-            decision.cache_score = found.score
+            exchange.decide(
+                cache_stage=found.reason,
+                cache_entry=found.candidate,
+                similarity=found.candidate_similarity,
+                cache_score=found.score,
+            )
             return None
         # An answer longer than the client allows is not its answer, nor one older
         # than its Cache-Control: max-age.
         if found.entry.completion_tokens > request.params.max_tokens:
-            decision.cache_stage = "too_long"
+            exchange.decide(cache_stage="too_long")
             return None
         if not policy.control.fresh(found.entry.created_at):
-            decision.cache_stage = "too_old"
+            exchange.decide(cache_stage="too_old")
             return None
-        decision.cache = decision.route = found.path
-        return _served(found, decision)
+        return _served(found, exchange)
 
     async def _coalesce(
         self,
@@ -222,7 +223,7 @@ class Pipeline:
         """The answer of the identical request in flight, or None if it got none."""
         # Bounded by the engine's own timeout: a leader whose response never started
         # (its client left first) may never land its flight.
-        engine_timeout_s = self._runtime.config.engines[engine.name].timeout_s
+        engine_timeout_s = self._engine_timeouts_s.get(engine.name)
         left_s = None if deadline is None else max(0.0, deadline - time.monotonic())
         limits = [t for t in (engine_timeout_s, left_s) if t is not None]
         try:
@@ -237,20 +238,21 @@ class Pipeline:
         """The engines that could answer: when all are full, the request is refused
         before it is embedded (a semantic hit forgone, but no wait for the embedder,
         whose CPU the engines need) instead of after."""
-        runtime, router = self._runtime, self._runtime.config.router
+        router = self._router
         if request.model == AUTO_MODEL and router is not None:
-            return [runtime.engines[router.small_engine], runtime.engines[router.large_engine]]
-        return [runtime.engines[request.model]]
+            small, large = router.settings.small_engine, router.settings.large_engine
+            return [self._engines[small], self._engines[large]]
+        return [self._engines[request.model]]
 
     async def route(self, request: ChatRequest, policy: Policy) -> RouteDecision:
         """Step 4 alone: where ``request`` would go, explained, without generating."""
-        if self._runtime.router is None:
+        if self._router is None:
             raise Refused("model_not_found", "routing is turned off", param="model")
-        embedded = Embedded(self._runtime, request.last_user_turn, [])
+        embedded = Embedded(self._embedder, request.last_user_turn, [])
         return await self._route(embedded, policy)
 
     async def _route(self, embedded: Embedded, policy: Policy) -> RouteDecision:
-        router = self._runtime.router
+        router = self._router
         assert router is not None
         embedding = await embedded.get()
         return await router.decide(embedded.text, embedding, embedded.ms, policy.router_threshold)
@@ -263,27 +265,27 @@ class Pipeline:
         policy: Policy,
         route: RouteDecision | None,
         engine: Engine,
-        decision: Decision,
+        exchange: Exchange,
         keeper: Keeper,
     ) -> AsyncGenerator[Event]:
         loop = self._loop_for(request, route, policy)
         if loop is None:
-            return await self._generate(engine, request, decision, keeper)
+            return await self._generate(engine, request, exchange, keeper)
         if loop.engine.name == engine.name:  # hard: the loop answers
-            return self._think(loop, request, policy, decision, keeper)
+            return self._think(loop, request, policy, exchange, keeper)
         # Easy, with escalation on: the small engine's answer stands unless the
         # calibrator doubts it.
         generation, probability = await loop.draft(
-            engine, request.messages, request.params, decision.deadline
+            engine, request.messages, request.params, exchange.decision.deadline
         )
-        decision.confidence = probability
+        exchange.decide(confidence=probability)
         if probability < (loop.settings.escalate_below or 0.0):
-            decision.escalated_from = engine.name
-            return self._think(loop, request, policy, decision, keeper)
+            exchange.decide(escalated_from=engine.name)
+            return self._think(loop, request, policy, exchange, keeper)
         answer = _answer_of(generation)
-        decision.engine = generation.engine
+        decision = exchange.decide(engine=generation.engine)
         # The evaluator's P(correct) is this answer's confidence, not its token mean.
-        keeper.settle(answer, engine=generation.engine, tier=decision.route, confidence=probability)
+        keeper.whole(answer, engine=generation.engine, tier=decision.route, confidence=probability)
         return _told(answer)
 
     def _loop_for(
@@ -293,7 +295,7 @@ class Pipeline:
         one; an easy one's, should its answer need escalating; none when the loop is
         off, or the request asks for several samples or logprobs (the loop answers one
         choice in plain text)."""
-        loop = self._runtime.loop
+        loop = self._loop
         params = request.params
         if loop is None or policy.loop is None or route is None or params.n > 1 or params.logprobs:
             return None
@@ -303,40 +305,41 @@ class Pipeline:
         return loop
 
     async def _generate(
-        self, engine: Engine, request: ChatRequest, decision: Decision, keeper: Keeper
+        self, engine: Engine, request: ChatRequest, exchange: Exchange, keeper: Keeper
     ) -> AsyncGenerator[Event]:
         """One pass of ``engine``. Its first event is awaited here, so that an overloaded
         engine or a prompt too long is refused before the response begins."""
         params = request.params
         if keeper.stores and not params.logprobs:  # the answer's confidence needs them
             params = msgspec.structs.replace(params, logprobs=True)
-        logprobs = request.params.logprobs
+        logprobs, deadline = request.params.logprobs, exchange.decision.deadline
         if not request.stream:
-            generation = await engine.generate(request.messages, params, decision.deadline)
-            _failed_over(decision)
-            _settle(generation, decision, keeper)
-            return _whole(generation, logprobs)
-        events = engine.stream(request.messages, params, decision.deadline)
+            generation = await engine.generate(request.messages, params, deadline)
+            _failed_over(exchange)
+            _whole(generation, exchange, keeper)
+            return _whole_events(generation, logprobs)
+        events = engine.stream(request.messages, params, deadline)
         try:
             first = await anext(events)
         except BaseException:
             await events.aclose()
             raise
-        _failed_over(decision)
-        return _generated(first, events, logprobs, decision, keeper)
+        _failed_over(exchange)
+        return _generated(first, events, logprobs, exchange, keeper)
 
     def _think(
         self,
         loop: ReasoningLoop,
         request: ChatRequest,
         policy: Policy,
-        decision: Decision,
+        exchange: Exchange,
         keeper: Keeper,
     ) -> AsyncGenerator[Event]:
         """The reasoning loop, in a task of its own (a new turn may stop it), with its
         deadline counted from the request's arrival even when it takes over."""
-        decision.route, decision.engine = "loop", loop.engine.name
-        decision.deadline = policy.deadline(loop.engine.name)
+        decision = exchange.decide(
+            route="loop", engine=loop.engine.name, deadline=policy.deadline(loop.engine.name)
+        )
         events = loop.run(
             request.messages,
             deadline=decision.deadline,
@@ -346,17 +349,26 @@ class Pipeline:
         )
         run = LoopRun(events)
         self.turns.begin(policy.conversation, run)
-        return _thought(run, decision, keeper, policy.fallback.policy)
+        return _thought(run, exchange, keeper, policy.fallback.policy)
 
 
-def _served(found: Hit, decision: Decision) -> Answer:
+def _answering(exchange: Exchange, events: AsyncGenerator[Event]) -> Answering:
+    """The answer as it goes out, noted as served, with the decision taken so far."""
+    return Answering(exchange.decision, exchange.sent(events))
+
+
+def _served(found: Hit, exchange: Exchange) -> Answer:
     """The cached answer of a hit, and what the decision says of it."""
     entry = found.entry
-    decision.engine = entry.model
-    decision.cache_entry = entry.id
-    decision.similarity = found.similarity
-    decision.cache_score = found.score
-    decision.cache_stage = _stage(found)
+    exchange.decide(
+        cache=found.path,
+        route=found.path,
+        engine=entry.model,
+        cache_entry=entry.id,
+        similarity=found.similarity,
+        cache_score=found.score,
+        cache_stage=_stage(found),
+    )
     return Answer(
         text=entry.response, finish_reason="stop", completion_tokens=entry.completion_tokens
     )
@@ -393,23 +405,20 @@ async def _generated(
     first: Delta | Generation,
     events: AsyncGenerator[Delta | Generation],
     logprobs: bool,
-    decision: Decision,
+    exchange: Exchange,
     keeper: Keeper,
 ) -> AsyncGenerator[Event]:
-    """An engine's stream as events; the whole generation settles the answer."""
-    try:
-        async with contextlib.aclosing(events):
-            event = first
-            while isinstance(event, Delta):
-                yield TextDelta(event.index, event.text, event.logprobs if logprobs else None)
-                event = await anext(events)
-        _settle(event, decision, keeper)
-        yield _finished(event)
-    finally:
-        keeper.settle(None)  # nothing, if it ended before the generation was whole
+    """An engine's stream as events; the generation, once whole, is the answer."""
+    async with contextlib.aclosing(events):
+        event = first
+        while isinstance(event, Delta):
+            yield TextDelta(event.index, event.text, event.logprobs if logprobs else None)
+            event = await anext(events)
+    _whole(event, exchange, keeper)
+    yield _finished(event)
 
 
-async def _whole(generation: Generation, logprobs: bool) -> AsyncGenerator[Event]:
+async def _whole_events(generation: Generation, logprobs: bool) -> AsyncGenerator[Event]:
     """A whole generation as events: each choice's text at once."""
     samples = sorted(generation.samples, key=lambda s: s.index)
     for s in samples:
@@ -417,18 +426,19 @@ async def _whole(generation: Generation, logprobs: bool) -> AsyncGenerator[Event
     yield _finished(generation)
 
 
-def _failed_over(decision: Decision) -> None:
+def _failed_over(exchange: Exchange) -> None:
     """Note the engine that answered instead of the one asked (it was unavailable)."""
     failover = failed_over()
     if failover is not None:
-        decision.engine, decision.failover = failover.target, failover.source
+        exchange.decide(engine=failover.target, failover=failover.source)
 
 
-def _settle(generation: Generation, decision: Decision, keeper: Keeper) -> None:
-    decision.engine_s = max(s.timings.queue_s + s.timings.total_s for s in generation.samples)
+def _whole(generation: Generation, exchange: Exchange, keeper: Keeper) -> None:
+    engine_s = max(s.timings.queue_s + s.timings.total_s for s in generation.samples)
+    decision = exchange.decide(engine_s=engine_s)
     # A fallback engine's answer (its engine was unavailable) is shared with identical
     # requests in flight but not kept as the asked engine's answer.
-    keeper.settle(
+    keeper.whole(
         _answer_of(generation),
         engine=generation.engine,
         tier=decision.route,
@@ -443,9 +453,9 @@ def _finished(generation: Generation) -> Finished:
 
 
 async def _thought(
-    run: LoopRun, decision: Decision, keeper: Keeper, fallback: Fallback
+    run: LoopRun, exchange: Exchange, keeper: Keeper, fallback: Fallback
 ) -> AsyncGenerator[Event]:
-    """The loop's run as events; its result settles the answer."""
+    """The loop's run as events; its own result, once whole, is the answer."""
     result: LoopResult | None = None
     try:
         async for event in run.events():
@@ -453,10 +463,12 @@ async def _thought(
                 yield Reasoning(event.text)
                 continue
             result = event
-            decision.loop, decision.engine = event.trace, event.engine
-            decision.confidence = event.trace.confidence
-            if event.trace.fallback != "none":
-                decision.route = "fallback"
+            exchange.decide(
+                loop=event.trace,
+                engine=event.engine,
+                confidence=event.trace.confidence,
+                route="fallback" if event.trace.fallback != "none" else exchange.decision.route,
+            )
         if result is None:  # pragma: no cover - the loop always ends with a result
             raise RuntimeError("the reasoning loop ended without an answer")
         trace = result.trace
@@ -480,9 +492,9 @@ async def _thought(
                 completion_tokens=result.answer_tokens,
                 prompt_tokens=result.prompt_tokens,
             )
-            keeper.settle(answer, engine=result.engine, tier="loop", confidence=trace.confidence)
+            keeper.whole(answer, engine=result.engine, tier="loop", confidence=trace.confidence)
         yield TextDelta(0, result.text)
-        yield Finished(("stop",), result.prompt_tokens, result.completion_tokens)
+        yield Finished(("stop",), result.prompt_tokens, result.completion_tokens, trace)
     except Superseded:
         raise Refused(
             "superseded", "a newer turn of this conversation replaced this request"
@@ -490,7 +502,6 @@ async def _thought(
     finally:
         # The client left, or the answer is done: nothing may go on thinking for it.
         await run.stop()
-        keeper.settle(None)
 
 
 def _answer_of(generation: Generation) -> Answer:
@@ -518,8 +529,8 @@ class Embedded:
     Before it is computed, a request whose every candidate engine is full is refused
     with the engine's 429, rather than wait for the embedder first."""
 
-    def __init__(self, runtime: Runtime, text: str, candidates: list[Engine]) -> None:
-        self._runtime = runtime
+    def __init__(self, embedder: Embedder | None, text: str, candidates: list[Engine]) -> None:
+        self._embedder = embedder
         self.text = text
         self._candidates = candidates
         self._embedding: Embedding | None = None
@@ -528,7 +539,7 @@ class Embedded:
     async def get(self, *, may_refuse: bool = True) -> Embedding:
         """The embedding; ``may_refuse=False`` for work after the answer (a write-back)."""
         if self._embedding is None:
-            embedder = self._runtime.embedder
+            embedder = self._embedder
             if embedder is None:
                 raise RuntimeError("this config has no embedder")
             if may_refuse:

@@ -1,0 +1,200 @@
+"""One chat request from the front door to the moment it settles.
+
+Every request settles exactly once, on every exit: answered from the cache (exact,
+semantic, coalesced, on the express path or the framework's), by an engine or the
+reasoning loop, or by a fallback at the deadline; refused, failed, its client gone,
+or replaced by a newer turn. It settles when its response is over and so is its work:
+a request that leads identical ones may work on for them after its own client left.
+
+The settled event carries the request, its resolved policy, the complete decision,
+the answer as served (or the reason there is none) and what the cache may keep. The
+cache's write-back, the metrics, the access log, the trace span and the memory of
+semantic hits for feedback subscribe to it (``Settlement``); none of them is called
+from an exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncGenerator, Callable
+
+import msgspec
+
+from gateway.pipeline.keeping import Answer, Kept
+from gateway.pipeline.outcome import Decision, Event, Finished, TextDelta
+from gateway.pipeline.policy import Policy
+from gateway.pipeline.request import ChatRequest
+
+log = logging.getLogger("satisfice.gateway")
+
+
+class Served(msgspec.Struct, frozen=True, kw_only=True):
+    """The answer as the client was sent it: each choice's text, in index order, and
+    how each finished (none: it was cut off, by an error or the client leaving)."""
+
+    texts: tuple[str, ...]
+    finish_reasons: tuple[str, ...] = ()
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class Settled(msgspec.Struct, frozen=True, kw_only=True):
+    """A request, settled: what it asked, what was decided, what it got."""
+
+    request_id: str | None
+    key: str | None  # the API key's name in the config, never the key
+    request: ChatRequest | None  # None: refused before its body was read as a request
+    policy: Policy | None  # None: refused before its settings were resolved
+    decision: Decision  # complete
+    answer: Served | None  # None: nothing of an answer was sent
+    status: int  # the HTTP status (499: the client left first)
+    error: str | None  # why the answer is missing or cut off, as the client was told
+    seconds: float  # from arrival to the end of the response
+    ended: float  # time.monotonic() when the response ended
+    first_byte_s: float | None  # a stream's first chunk, from arrival
+    kept: Kept | None  # the whole answer the cache may keep
+
+
+Subscriber = Callable[[Settled], None]
+
+
+class Settlement:
+    """Where settled requests go: to each subscriber, in the order they subscribed. A
+    subscriber that fails is logged and costs the others nothing."""
+
+    def __init__(self) -> None:
+        self._subscribers: list[Subscriber] = []
+
+    def subscribe(self, subscriber: Subscriber) -> None:
+        self._subscribers.append(subscriber)
+
+    def publish(self, settled: Settled) -> None:
+        for subscriber in self._subscribers:
+            try:
+                subscriber(settled)
+            except Exception:
+                log.exception("a subscriber to settled requests failed")
+
+
+class Exchange:
+    """One chat request on its way to ``Settled``: the front door opens it and ends its
+    response (``end``); the pipeline records its decision, the answer as it is sent and
+    what the cache may keep, and holds it open while its work outlives the response."""
+
+    def __init__(
+        self,
+        settlement: Settlement,
+        *,
+        tenant: str,
+        model: str,
+        key: str | None,
+        request_id: str | None,
+        started: float | None = None,
+    ) -> None:
+        self._settlement = settlement
+        self.started = time.monotonic() if started is None else started
+        self.key = key
+        self.request_id = request_id
+        self.decision = Decision(tenant=tenant, model=model)
+        self.request: ChatRequest | None = None
+        self.policy: Policy | None = None
+        self.kept: Kept | None = None
+        self._texts: dict[int, list[str]] = {}
+        self._finished: Finished | None = None
+        self._first_byte_s: float | None = None
+        self._holds = 1  # the response's, until ``end``
+        self._ended: tuple[int, str | None, float] | None = None
+        self.settled = False
+
+    def admitted(self, request: ChatRequest, policy: Policy) -> None:
+        self.request, self.policy = request, policy
+
+    def decide(self, **changes: object) -> Decision:
+        """The decision with ``changes``, now in force. A settled decision is complete:
+        changing it then is a bug."""
+        if self.settled:
+            raise RuntimeError(f"the decision of a settled request changed: {changes}")
+        self.decision = self.decision.decided(**changes)
+        return self.decision
+
+    def keep(self, kept: Kept) -> None:
+        """A whole answer the cache may keep: the write-back's, once settled."""
+        self.kept = kept
+
+    async def sent(self, events: AsyncGenerator[Event]) -> AsyncGenerator[Event]:
+        """``events`` as they go to the client, each noted as part of the answer served."""
+        async with contextlib.aclosing(events):
+            async for event in events:
+                if isinstance(event, TextDelta):
+                    self._texts.setdefault(event.index, []).append(event.text)
+                elif isinstance(event, Finished):
+                    self._finished = event
+                yield event
+
+    def sent_whole(self, answer: Answer) -> None:
+        """An answer sent in one piece (a cached one, rendered before)."""
+        self._texts = {0: [answer.text]}
+        self._finished = Finished(
+            (answer.finish_reason,), answer.prompt_tokens, answer.completion_tokens
+        )
+
+    def first_byte(self) -> float:
+        """A stream's first chunk is going out: seconds since arrival."""
+        self._first_byte_s = time.monotonic() - self.started
+        return self._first_byte_s
+
+    def hold(self) -> None:
+        """Work that may outlive the response has begun: settle only once it is over."""
+        self._holds += 1
+
+    def release(self) -> None:
+        """The work held open is over."""
+        self._let_go()
+
+    def end(self, status: int, error: str | None = None) -> None:
+        """The response is over, with ``status``; ``error`` says why there is no answer,
+        or why it was cut off. Only the first call counts."""
+        if self._ended is not None:
+            return
+        self._ended = (status, error, time.monotonic())
+        self._let_go()
+
+    def _let_go(self) -> None:
+        self._holds -= 1
+        if self._holds or self._ended is None:
+            return
+        status, error, ended = self._ended
+        self.settled = True
+        self._settlement.publish(
+            Settled(
+                request_id=self.request_id,
+                key=self.key,
+                request=self.request,
+                policy=self.policy,
+                decision=self.decision,
+                answer=self._served(),
+                status=status,
+                error=error,
+                seconds=ended - self.started,
+                ended=ended,
+                first_byte_s=self._first_byte_s,
+                kept=self.kept,
+            )
+        )
+
+    def _served(self) -> Served | None:
+        if not self._texts and self._finished is None:
+            return None
+        end = self._finished
+        choices = max([*self._texts, *(() if end is None else range(len(end.finish_reasons)))])
+        texts = tuple("".join(self._texts.get(i, ())) for i in range(choices + 1))
+        if end is None:
+            return Served(texts=texts)
+        return Served(
+            texts=texts,
+            finish_reasons=end.finish_reasons,
+            prompt_tokens=end.prompt_tokens,
+            completion_tokens=end.completion_tokens,
+        )
