@@ -23,8 +23,6 @@ from cache.coalesce import Coalescer, Flight
 from cache.entry import Namespace, context_fingerprint, entry_id, sampling_key
 from cache.semantic_cache import Hit, Miss
 from engines.base import Delta, Engine, Generation
-from engines.failover import failed_over
-from engines.fanout import FanOutEngine
 from evaluator.loop import Fallback, LoopResult, ReasoningLoop, Thinking
 from gateway.config import AUTO_MODEL
 from gateway.pipeline.keeper import Answer, CachePlan, Keeper, SharedAnswer
@@ -313,7 +311,8 @@ class Pipeline:
         logprobs = request.params.logprobs
         if not request.stream:
             generation = await engine.generate(request.messages, params, decision.deadline)
-            _failed_over(decision)
+            if (stand_in := _stand_in(engine.name, generation)) is not None:
+                decision.engine, decision.failover = stand_in, engine.name
             _settle(generation, decision, keeper)
             return _whole(generation, logprobs)
         events = engine.stream(request.messages, params, decision.deadline)
@@ -322,7 +321,8 @@ class Pipeline:
         except BaseException:
             await events.aclose()
             raise
-        _failed_over(decision)
+        if (stand_in := _stand_in(engine.name, first)) is not None:
+            decision.engine, decision.failover = stand_in, engine.name
         return _generated(first, events, logprobs, decision, keeper)
 
     def _think(
@@ -417,11 +417,11 @@ async def _whole(generation: Generation, logprobs: bool) -> AsyncGenerator[Event
     yield _finished(generation)
 
 
-def _failed_over(decision: Decision) -> None:
-    """Note the engine that answered instead of the one asked (it was unavailable)."""
-    failover = failed_over()
-    if failover is not None:
-        decision.engine, decision.failover = failover.target, failover.source
+def _stand_in(asked: str, event: Delta | Generation) -> str | None:
+    """The engine that answered in place of the one ``asked`` (it was unavailable), as
+    the answer's first event or whole generation names it; None: the one asked did."""
+    answering = event.engine
+    return answering if answering is not None and answering != asked else None
 
 
 def _settle(generation: Generation, decision: Decision, keeper: Keeper) -> None:
@@ -544,6 +544,6 @@ class Embedded:
 
 def _refuse_if_full(engines: list[Engine]) -> None:
     """429 now if every one of ``engines`` would refuse a new request."""
-    full = [e for e in engines if isinstance(e, FanOutEngine) and e.full]
-    if engines and len(full) == len(engines):
-        raise full[0].refusal()  # EngineOverloaded: the client hears 429 with Retry-After
+    refusals = [refusal for e in engines if (refusal := e.refusal()) is not None]
+    if engines and len(refusals) == len(engines):
+        raise refusals[0]  # EngineOverloaded: the client hears 429 with Retry-After
