@@ -15,8 +15,8 @@ from engines.failover import FailoverEngine
 from engines.native_check import LlamaCppUnusable
 from evaluator.calibration import calibrator_file, read_calibrator
 from evaluator.loop import ReasoningLoop
-from gateway.api.auth import KeyTable
 from gateway.config import GatewayConfig
+from gateway.ops.keys import KeyTable
 from gateway.ops.limits import MemoryCounters, RateLimiter, RedisCounters
 from gateway.ops.metrics import Metrics
 from router.embedder import Embedder

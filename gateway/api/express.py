@@ -37,13 +37,14 @@ from litestar.types import (
 
 from cache.semantic_cache import Hit
 from gateway.api import render
-from gateway.api.auth import Caller
 from gateway.api.errors import APIError
 from gateway.api.headers import decision_headers, read_headers
 from gateway.api.routes import exchange_ended, user_conversation
 from gateway.api.validate import chat_request
 from gateway.api.wire import ChatCompletionRequest
 from gateway.config import GatewayConfig
+from gateway.ops.keys import Caller, KeyRefused
+from gateway.ops.limits import LimitRefused
 from gateway.pipeline.outcome import Decision, Outcome
 from gateway.pipeline.policy import resolve
 from gateway.pipeline.request import ChatRequest
@@ -124,7 +125,7 @@ class ExpressHits:
                 await runtime.limiter.admit(
                     caller.key or "", caller.limits, cost, found.config.auth.rate_limit_outage
                 )
-            except APIError:  # refused, and so not charged: the full path refuses it again
+            except LimitRefused:  # refused, and so not charged: the full path refuses it again
                 return False
         assert runtime.cache is not None
         runtime.cache.note_exact_hit()
@@ -158,7 +159,7 @@ class ExpressHits:
             data = _decoder.decode(body)
             chat = chat_request(data, runtime.engines, runtime.router is not None, config.server)
             asked = read_headers(headers)
-        except (APIError, msgspec.DecodeError):
+        except (APIError, KeyRefused, msgspec.DecodeError):
             return None
         if asked.trace or asked.conversation or user_conversation(data, config):
             return None

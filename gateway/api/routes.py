@@ -22,7 +22,6 @@ from litestar.types import ASGIApp
 
 from engines.base import EngineError
 from gateway.api import render
-from gateway.api.auth import Caller
 from gateway.api.errors import COUNTED, APIError, ClientGone
 from gateway.api.feedback import feedback
 from gateway.api.guards import require_json, require_key
@@ -31,6 +30,7 @@ from gateway.api.validate import chat_request
 from gateway.api.wire import ChatCompletion, ChatCompletionRequest, ErrorResponse, Model, ModelList
 from gateway.config import AUTO_MODEL, GatewayConfig
 from gateway.ops import logs, tracing
+from gateway.ops.keys import Caller
 from gateway.ops.metrics import CLIENT_CLOSED, CONTENT_TYPE, Exchange
 from gateway.pipeline.outcome import Decision, Refused
 from gateway.pipeline.pipeline import Pipeline
