@@ -77,7 +77,7 @@ class Runtime:
         """Put a reloaded config in force for the requests that start from now on.
 
         One synchronous step, so no request sees half of it. ``config`` differs from
-        the one in force only in what can change while serving (gateway.config.reload)."""
+        the one in force only in what can change while serving (gateway.reload)."""
         self.config, self.keys = config, keys
         if self.router is not None and config.router is not None:
             self.router.settings = config.router
