@@ -1,4 +1,5 @@
-"""Steps 1-7 of a chat request (DESIGN.md, "the request's way through the code"), in order:
+"""Steps 1-7 of a chat request (docs/architecture.md, "The request's way through the
+code"), in order:
 
 1. the exact cache key; 2. the last user turn embedded once, when something needs it;
 3. the semantic cache; 4. the router's difficulty; 5a. the engine, whose answer the
