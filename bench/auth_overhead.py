@@ -27,7 +27,7 @@ from pathlib import Path
 
 import httpx
 
-from gateway.api.auth import hash_key
+from gateway.ops.keys import hash_key
 
 KEY = f"sk-bench-{uuid.uuid4().hex}"
 ENGINE = """

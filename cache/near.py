@@ -13,10 +13,8 @@ from __future__ import annotations
 import collections
 from typing import Final
 
-import msgspec
-
 from cache.entry import CacheEntry
-from cache.store import in_scope
+from cache.store import NearCacheStats, in_scope
 
 # Bytes counted per entry beyond its text and vector: the struct, its fields' objects
 # and the dict slot (measured with tracemalloc: about 630 bytes; rounded up).
@@ -30,15 +28,6 @@ def entry_bytes(entry: CacheEntry) -> int:
     """What an entry costs here, as counted against the bound (an estimate: the
     text's characters, the vector's bytes and a fixed overhead)."""
     return ENTRY_OVERHEAD + len(entry.prompt) + len(entry.response) + len(entry.vector)
-
-
-class NearCacheStats(msgspec.Struct, frozen=True, kw_only=True):
-    entries: int
-    bytes: int
-    max_bytes: int
-    hits: int
-    misses: int
-    evictions: int
 
 
 class NearCache:

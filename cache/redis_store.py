@@ -43,7 +43,7 @@ from redis.exceptions import ReadOnlyError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from cache.entry import CacheEntry
-from cache.near import NearCache, NearCacheStats
+from cache.near import NearCache
 from cache.settings import RedisStoreSettings
 from cache.store import (
     Change,
@@ -51,6 +51,7 @@ from cache.store import (
     FloorChange,
     FloorRaised,
     Invalidated,
+    NearCacheStats,
     Put,
     Resync,
     StoreStats,

@@ -28,13 +28,13 @@ import numpy as np
 from cache.calibration import NEVER
 from cache.entry import CacheEntry, Namespace, entry_id, pack_vector, unpack_vector
 from cache.guards import veto
-from cache.near import NearCacheStats
 from cache.settings import CacheSettings
 from cache.store import (
     CacheStore,
     Deleted,
     FloorChange,
     Invalidated,
+    NearCacheStats,
     Put,
     Resync,
     StoreStats,

@@ -9,14 +9,11 @@ every process's index converges without a restart.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import msgspec
 
 from cache.entry import CacheEntry
-
-if TYPE_CHECKING:
-    from cache.near import NearCacheStats
 
 
 def in_scope(namespace: str, selector: str) -> bool:
@@ -72,6 +69,17 @@ class StoreStats(msgspec.Struct, frozen=True, kw_only=True):
     entries: int
     bytes: int | None = None  # memory the store reports for itself, when it can
     available: bool = True
+
+
+class NearCacheStats(msgspec.Struct, frozen=True, kw_only=True):
+    """What a store holds in this process in front of a shared one (cache/near.py)."""
+
+    entries: int
+    bytes: int
+    max_bytes: int
+    hits: int
+    misses: int
+    evictions: int
 
 
 class CacheStore(Protocol):

@@ -78,7 +78,7 @@ class Sample(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Generation(msgspec.Struct, frozen=True, kw_only=True):
-    engine: str
+    engine: str  # the engine that generated it (a failover's stand-in names itself)
     model: str
     prompt_tokens: int
     samples: tuple[Sample, ...]
@@ -98,6 +98,9 @@ class Delta(msgspec.Struct, frozen=True):
     index: int
     text: str
     logprobs: tuple[TokenLogprob, ...] = ()
+    # Set on a stream's first delta by an engine answering in another's place (a
+    # failover's stand-in): its name, before the Generation that names it exists.
+    engine: str | None = None
 
 
 class EngineError(Exception):
@@ -139,6 +142,13 @@ class Engine(Protocol):
         """Load weights or open connections; the engine is ready when this returns."""
 
     async def close(self) -> None: ...
+
+    def refusal(self) -> EngineOverloaded | None:
+        """What a new request would be refused with now; None: it would be taken.
+
+        Asked before work that only this engine's answer would use (the embedding), so
+        a request every candidate engine would refuse is refused first."""
+        ...
 
     def stream(
         self, prompt: Prompt, params: SamplingParams, deadline: float | None = None

@@ -7,8 +7,8 @@ the client yet: a stream fails over only before its first delta, a plain
 ``generate`` at any point, since its caller has seen nothing until it returns.
 Overload (429) and refused requests are the primary's answer and are not failed over.
 
-The ``Generation`` then names the fallback engine, and ``failed_over()`` tells the
-task that consumed the stream which engine answered instead of which, for response
+The answer then says which engine gave it: the ``Generation`` is the fallback's own,
+and a stream's first ``Delta`` carries the fallback's name in ``engine``, for response
 headers that leave before the Generation exists.
 """
 
@@ -17,31 +17,20 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncGenerator
-from contextvars import ContextVar
 
 import msgspec
 
-from engines.base import Delta, Engine, EngineUnavailable, Generation, Prompt, SamplingParams
+from engines.base import (
+    Delta,
+    Engine,
+    EngineOverloaded,
+    EngineUnavailable,
+    Generation,
+    Prompt,
+    SamplingParams,
+)
 
 log = logging.getLogger("satisfice.engines")
-
-
-class Failover(msgspec.Struct, frozen=True):
-    """The engine that was asked, the one that answered, and why."""
-
-    source: str
-    target: str
-    reason: str
-
-
-# Set in the task that iterates a FailoverEngine's stream (an async generator runs in
-# its consumer's context), so the gateway can read it once the first event is in.
-_failover: ContextVar[Failover | None] = ContextVar("satisfice_failover", default=None)
-
-
-def failed_over() -> Failover | None:
-    """The failover of this task's latest call to a FailoverEngine, if it failed over."""
-    return _failover.get()
 
 
 class FailoverEngine:
@@ -60,16 +49,18 @@ class FailoverEngine:
     async def close(self) -> None:
         await self.primary.close()
 
+    def refusal(self) -> EngineOverloaded | None:
+        # The primary's: a full primary refuses with 429, which is not failed over.
+        return self.primary.refusal()
+
     def _fail_over(self, exc: EngineUnavailable) -> None:
         self.failovers += 1
-        _failover.set(Failover(self.name, self.fallback.name, exc.message))
         log.warning("engine %r unavailable (%s): %r answers", self.name, exc.message,
                     self.fallback.name)  # fmt: skip
 
     async def stream(
         self, prompt: Prompt, params: SamplingParams, deadline: float | None = None
     ) -> AsyncGenerator[Delta | Generation]:
-        _failover.set(None)
         events = self.primary.stream(prompt, params, deadline)
         try:
             first = await anext(events)
@@ -78,6 +69,8 @@ class FailoverEngine:
             self._fail_over(exc)
             events = self.fallback.stream(prompt, params, deadline)
             first = await anext(events)
+            if isinstance(first, Delta) and first.engine is None:
+                first = msgspec.structs.replace(first, engine=self.fallback.name)
         except BaseException:
             await events.aclose()
             raise
@@ -89,7 +82,6 @@ class FailoverEngine:
     async def generate(
         self, prompt: Prompt, params: SamplingParams, deadline: float | None = None
     ) -> Generation:
-        _failover.set(None)
         try:
             return await self.primary.generate(prompt, params, deadline)
         except EngineUnavailable as exc:

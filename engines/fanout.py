@@ -75,14 +75,10 @@ class FanOutEngine(ABC):
         """Samples waiting for a generation slot now."""
         return self._admission.waiting
 
-    @property
-    def full(self) -> bool:
-        """A new request would be refused now: every slot busy, the queue full."""
-        return self._admission.full
-
-    def refusal(self) -> EngineOverloaded:
-        """What a request is refused with when the engine is full."""
-        return self._admission.refusal()
+    def refusal(self) -> EngineOverloaded | None:
+        """What a new request would be refused with now (every slot busy, the queue
+        full); None: it would be taken."""
+        return self._admission.refusal() if self._admission.full else None
 
     @abstractmethod
     def _sample(

@@ -1,4 +1,5 @@
-"""The early-exit reasoning loop on the large engine (DESIGN.md, step 5b).
+"""The early-exit reasoning loop on the large engine (docs/architecture.md, "The
+request's way through the code", step 5b).
 
 Each round starts k branches at once, each an independent sample of the answer with
 token logprobs. A branch whose sliding-window confidence falls below DeepConf's

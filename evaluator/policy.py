@@ -38,7 +38,8 @@ Positive = Annotated[int, msgspec.Meta(ge=1)]
 
 
 class LoopSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """What SREs tune about the loop on the large engine (DESIGN.md, "Configuration")."""
+    """What SREs tune about the loop on the large engine (docs/architecture.md,
+    "Configuration")."""
 
     # Stop as soon as the calibrated P(correct) of the leading answer reaches this.
     threshold: Probability = 0.9

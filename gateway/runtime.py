@@ -15,9 +15,9 @@ from engines.failover import FailoverEngine
 from engines.native_check import LlamaCppUnusable
 from evaluator.calibration import calibrator_file, read_calibrator
 from evaluator.loop import ReasoningLoop
-from gateway.api.auth import KeyTable
 from gateway.config import GatewayConfig
 from gateway.ops import logs, tracing
+from gateway.ops.keys import KeyTable
 from gateway.ops.limits import MemoryCounters, RateLimiter, RedisCounters
 from gateway.ops.metrics import Metrics
 from gateway.pipeline.exchange import Settled, Settlement
@@ -97,7 +97,7 @@ class Runtime:
         """Put a reloaded config in force for the requests that start from now on.
 
         One synchronous step, so no request sees half of it. ``config`` differs from
-        the one in force only in what can change while serving (gateway.config.reload)."""
+        the one in force only in what can change while serving (gateway.reload)."""
         self.config, self.keys = config, keys
         if self.router is not None and config.router is not None:
             self.router.settings = config.router

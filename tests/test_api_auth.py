@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.api.auth import hash_key
+from gateway.ops.keys import hash_key
 from tests.support import BUNDLED_ENGINES, satisfice, start_gateway, stop
 
 ALPHA, BRAVO, OPS = (f"sk-{name}-{uuid.uuid4().hex}" for name in ("alpha", "bravo", "ops"))

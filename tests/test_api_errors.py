@@ -4,7 +4,12 @@ and the worker keeps serving afterwards."""
 from __future__ import annotations
 
 import httpx
+import msgspec
 import pytest
+
+from gateway.api.errors import APIError
+from gateway.ops.keys import KeyRefused
+from gateway.ops.limits import LimitsUnavailable, RateLimited, TooManyTokens
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -131,3 +136,36 @@ def test_worker_survives_bad_input(gateway_url: str) -> None:
         timeout=60,
     )
     assert response.status_code == 200
+
+
+# What the rate limits and the key table refuse with (ops/, below the HTTP layer), and
+# the status, body and Retry-After each is answered with.
+REFUSALS = [
+    (TooManyTokens("m"), 400, "invalid_request_error", "max_tokens", "request_too_large", None),
+    (RateLimited("m", 7), 429, "rate_limit_error", None, "rate_limit_exceeded", "7"),
+    (LimitsUnavailable("m", 1.0), 503, "server_error", None, "rate_limits_unavailable", "1"),
+    (KeyRefused("invalid_api_key", "m"), 401, "authentication_error", None, "invalid_api_key",
+     None),
+    (KeyRefused("invalid_admin_key", "m"), 401, "authentication_error", None,
+     "invalid_admin_key", None),
+    (KeyRefused("admin_closed", "m"), 403, "permission_error", None, "admin_closed", None),
+    (KeyRefused("not_admin", "m"), 403, "permission_error", None, "not_admin", None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "kind", "param", "code", "retry_after"),
+    REFUSALS,
+    ids=[f"{type(r[0]).__name__}-{r[4]}" for r in REFUSALS],
+)
+def test_refusals_from_below_the_api_are_answered_in_its_shape(
+    exc: Exception, status: int, kind: str, param: str | None, code: str, retry_after: str | None
+) -> None:
+    error = APIError.of(exc)
+    assert error is not None
+    response = error.response()
+    assert response.status_code == status
+    assert msgspec.json.decode(response.content) == {
+        "error": {"message": "m", "type": kind, "param": param, "code": code}
+    }
+    assert response.headers.get("Retry-After") == retry_after

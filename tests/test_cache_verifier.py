@@ -21,8 +21,8 @@ from cache.semantic_cache import Hit, Miss
 from cache.settings import CacheSettings, VerifierSettings
 from cache.verifier import Verification, Verifier, VerifierError, pair_features
 from gateway.config import parse_config
-from gateway.config.reload import restart_needed
 from gateway.pipeline.policy import resolve
+from gateway.reload import restart_needed
 from router.embedder import Embedder
 from tests.test_cache import make_cache, put, scope, semantic
 

@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.api.auth import hash_key
+from gateway.ops.keys import hash_key
 from tests.support import BUNDLED_ENGINES, config_file, start_gateway, stop
 
 ADMIN_KEY = "express-admin"

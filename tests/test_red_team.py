@@ -26,7 +26,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis as RedisClient
 
-from gateway.api.auth import hash_key
+from gateway.ops.keys import hash_key
 from tests.support import config_file, free_port, satisfice, spare_redis, start_gateway, stop
 
 ADMIN = f"sk-admin-{uuid.uuid4().hex}"

@@ -17,7 +17,7 @@ from typing import IO
 import httpx
 import pytest
 
-from gateway.api.auth import hash_key
+from gateway.ops.keys import hash_key
 from tests.support import config_file, start_gateway, stop
 
 SMALL = """

@@ -19,8 +19,8 @@ from gateway.api.errors import EXCEPTION_HANDLERS, JSONRequest
 from gateway.api.express import ExpressHits
 from gateway.api.routes import ROUTES
 from gateway.config import GatewayConfig
-from gateway.config.reload import start_reloading
 from gateway.ops import logs, tracing
+from gateway.reload import start_reloading
 from gateway.runtime import Runtime
 
 

@@ -16,6 +16,8 @@ from engines.base import EngineError, EngineOverloaded, EngineUnavailable, Promp
 from gateway.api.timeouts import TIMED_OUT
 from gateway.api.wire import ErrorBody, ErrorResponse
 from gateway.ops import logs
+from gateway.ops.keys import KeyRefusal, KeyRefused
+from gateway.ops.limits import LimitRefused, LimitsUnavailable, RateLimited, TooManyTokens
 from gateway.ops.metrics import CLIENT_CLOSED
 from gateway.pipeline.exchange import Exchange
 from gateway.pipeline.outcome import RefusalKind, Refused
@@ -101,6 +103,33 @@ class APIError(Exception):
         )  # fmt: skip
 
     @classmethod
+    def from_key(cls, exc: KeyRefused) -> APIError:
+        status, type_ = _KEY_REFUSALS[exc.kind]
+        return cls(status, exc.message, type=type_, code=exc.kind)
+
+    @classmethod
+    def from_limit(cls, exc: LimitRefused) -> APIError:
+        if isinstance(exc, TooManyTokens):
+            return cls(400, exc.message, param="max_tokens", code="request_too_large")
+        if isinstance(exc, RateLimited):
+            return cls(
+                429,
+                exc.message,
+                type="rate_limit_error",
+                code="rate_limit_exceeded",
+                retry_after_s=exc.retry_after_s,
+            )
+        if isinstance(exc, LimitsUnavailable):
+            return cls(
+                503,
+                exc.message,
+                type="server_error",
+                code="rate_limits_unavailable",
+                retry_after_s=exc.retry_after_s,
+            )
+        raise TypeError(f"no answer for the limits' refusal {type(exc).__name__}")
+
+    @classmethod
     def of(cls, exc: BaseException) -> APIError | None:
         """What a client hears for ``exc``, when it is one the API answers on purpose."""
         if isinstance(exc, APIError):
@@ -109,6 +138,10 @@ class APIError(Exception):
             return cls.from_refusal(exc)
         if isinstance(exc, EngineError):
             return cls.from_engine(exc)
+        if isinstance(exc, KeyRefused):
+            return cls.from_key(exc)
+        if isinstance(exc, LimitRefused):
+            return cls.from_limit(exc)
         return None
 
     @property
@@ -136,6 +169,14 @@ _REFUSALS: dict[RefusalKind, tuple[int, str]] = {
     "embedder_overloaded": (429, "rate_limit_error"),
     "superseded": (409, "invalid_request_error"),
     "deadline_exceeded": (504, "server_error"),
+}
+
+# The status and error type of each reason a key is refused; the reason is the code.
+_KEY_REFUSALS: dict[KeyRefusal, tuple[int, str]] = {
+    "invalid_api_key": (401, "authentication_error"),
+    "invalid_admin_key": (401, "authentication_error"),
+    "admin_closed": (403, "permission_error"),
+    "not_admin": (403, "permission_error"),
 }
 
 _CHAT_PATH = "/v1/chat/completions"
@@ -207,6 +248,14 @@ def _refused(request: Request[Any, Any, Any], exc: Refused) -> Response[bytes]:
     return _answered(request, exc, APIError.from_refusal(exc).response())
 
 
+def _key_refused(request: Request[Any, Any, Any], exc: KeyRefused) -> Response[bytes]:
+    return _answered(request, exc, APIError.from_key(exc).response())
+
+
+def _limit_refused(request: Request[Any, Any, Any], exc: LimitRefused) -> Response[bytes]:
+    return _answered(request, exc, APIError.from_limit(exc).response())
+
+
 def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
     if isinstance(exc, ValidationException):
         message, param = _validation_message(exc)
@@ -266,6 +315,8 @@ EXCEPTION_HANDLERS = {
     APIError: _api_error,
     EngineError: _engine_error,
     Refused: _refused,
+    KeyRefused: _key_refused,
+    LimitRefused: _limit_refused,
     ClientGone: _client_gone,
     HTTPException: _http_error,
     Exception: _unexpected,

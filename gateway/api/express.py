@@ -42,6 +42,7 @@ from gateway.api.errors import APIError
 from gateway.api.front import HANDED, admit, open_exchange
 from gateway.api.headers import decision_headers
 from gateway.api.wire import ChatCompletionRequest
+from gateway.ops.keys import KeyRefused
 from gateway.ops.metrics import CLIENT_CLOSED
 from gateway.pipeline.exchange import Exchange
 from gateway.pipeline.outcome import Answering
@@ -151,7 +152,7 @@ class ExpressHits:
         try:
             caller = keys.caller(headers)
             data = _decoder.decode(body)
-        except (APIError, msgspec.DecodeError):
+        except (APIError, KeyRefused, msgspec.DecodeError):
             return None
         exchange = open_exchange(
             runtime, tenant=caller.tenant, model=data.model, key=caller.key, started=started

@@ -18,11 +18,11 @@ from litestar.datastructures import State
 from litestar.openapi.datastructures import ResponseSpec
 
 from cache.store import StoreUnavailable
-from gateway.api.auth import Caller
 from gateway.api.errors import APIError, shown
 from gateway.api.guards import require_json, require_key
 from gateway.api.wire import ErrorResponse
 from gateway.config import GatewayConfig
+from gateway.ops.keys import Caller
 from gateway.runtime import Runtime
 
 

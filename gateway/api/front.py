@@ -14,12 +14,12 @@ from typing import Final
 
 import msgspec
 
-from gateway.api.auth import Caller
 from gateway.api.headers import read_headers
 from gateway.api.validate import chat_request
 from gateway.api.wire import ChatCompletionRequest
 from gateway.config import GatewayConfig
 from gateway.ops import logs
+from gateway.ops.keys import Caller
 from gateway.pipeline.exchange import Exchange
 from gateway.pipeline.policy import Policy, resolve
 from gateway.pipeline.request import ChatRequest

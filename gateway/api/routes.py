@@ -22,7 +22,6 @@ from litestar.types import ASGIApp
 
 from engines.base import EngineError
 from gateway.api import render
-from gateway.api.auth import Caller
 from gateway.api.errors import EXCHANGE, APIError, ClientGone
 from gateway.api.feedback import feedback
 from gateway.api.front import HANDED, Admitted, admit, open_exchange
@@ -31,6 +30,7 @@ from gateway.api.headers import decision_headers
 from gateway.api.validate import chat_request
 from gateway.api.wire import ChatCompletion, ChatCompletionRequest, ErrorResponse, Model, ModelList
 from gateway.config import AUTO_MODEL, GatewayConfig
+from gateway.ops.keys import Caller
 from gateway.ops.metrics import CLIENT_CLOSED, CONTENT_TYPE
 from gateway.pipeline.exchange import Exchange
 from gateway.pipeline.outcome import Refused

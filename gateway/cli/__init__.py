@@ -19,12 +19,12 @@ from engines.native_check import LlamaCppUnusable, check_models
 from engines.settings import LlamaCppSettings
 from evaluator.answers import QuestionFileError
 from evaluator.calibration import CalibratorFileError, calibrator_file, read_calibrator
-from gateway.api.auth import KeyTable, hash_key
 from gateway.cli import cache as cache_commands
 from gateway.cli import evaluator as evaluator_commands
 from gateway.cli import router as router_commands
 from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.config.docs import render_reference
+from gateway.ops.keys import KeyTable, hash_key
 from gateway.ops.logs import configure_logging
 from router.model_file import RouterFileError
 from router.outcomes import OutcomeError

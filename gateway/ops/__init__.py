@@ -1,1 +1,1 @@
-"""Operations: metrics, logs, traces and rate limits."""
+"""Operations: metrics, logs, traces, rate limits and API keys."""

@@ -5,6 +5,9 @@ plus the share of the previous one that still overlaps the last 60 seconds
 (Cloudflare's sliding-window counter): smooth like a sliding log, two integers like a
 fixed window. With Redis the counters are shared by every replica and checked and
 charged in one script, so two replicas cannot both admit the last request.
+
+A request refused raises a ``LimitRefused``, which the HTTP layer answers with its
+status and ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from redis.exceptions import RedisError
 
 from cache.redis_store import redis_client
 from engines.breaker import Breaker, BreakerOpen
-from gateway.api.errors import APIError
 from gateway.config import KeySettings, Outage
 
 log = logging.getLogger("satisfice.gateway")
@@ -58,6 +60,36 @@ for i = 1, 2 do
 end
 return {1, 0, 0, 0}
 """
+
+
+class LimitRefused(Exception):
+    """A keyed request refused by its limits; ``message`` is safe to show its caller."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class TooManyTokens(LimitRefused):
+    """One request would cost more tokens than its key may spend in a minute: it can
+    never be admitted as it is (its max_tokens must come down)."""
+
+
+class RateLimited(LimitRefused):
+    """The key's limit is reached for now: it has room again in ``retry_after_s``."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class LimitsUnavailable(LimitRefused):
+    """The counters' store does not answer, and the outage policy refuses limited keys
+    meanwhile; asking again in ``retry_after_s`` tries the store again."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class Refusal(msgspec.Struct, frozen=True):
@@ -133,7 +165,7 @@ class RedisCounters:
 
 
 class RateLimiter:
-    """Admits each keyed request against its key's limits, or refuses it with 429."""
+    """Admits each keyed request against its key's limits, or refuses it."""
 
     def __init__(self, counters: Counters, breaker: Breaker | None = None) -> None:
         self._counters = counters
@@ -146,19 +178,16 @@ class RateLimiter:
     async def admit(
         self, key: str, settings: KeySettings, tokens: int, outage: Outage = "open"
     ) -> None:
-        """Charge a request of ``tokens`` to ``key``, or refuse it with 429; ``outage``
-        says what to do while the counters' store is unavailable."""
+        """Charge a request of ``tokens`` to ``key``, or refuse it (``LimitRefused``);
+        ``outage`` says what to do while the counters' store is unavailable."""
         requests_limit = settings.requests_per_minute or 0
         tokens_limit = settings.tokens_per_minute or 0
         if not requests_limit and not tokens_limit:
             return
         if tokens_limit and tokens > tokens_limit:
-            raise APIError(
-                400,
+            raise TooManyTokens(
                 f"this request may use {tokens} tokens (prompt estimate + max_tokens); the "
-                f"key {key!r} allows {tokens_limit} per minute: lower max_tokens",
-                param="max_tokens",
-                code="request_too_large",
+                f"key {key!r} allows {tokens_limit} per minute: lower max_tokens"
             )
         now = time.time()
         window, share = int(now // WINDOW_S), (now % WINDOW_S) / WINDOW_S
@@ -171,13 +200,10 @@ class RateLimiter:
         limit = requests_limit if refusal.limit == "requests" else tokens_limit
         cost = 1 if refusal.limit == "requests" else tokens
         retry_after_s = retry_after(refusal, limit, cost, share)
-        raise APIError(
-            429,
+        raise RateLimited(
             f"rate limit of key {key!r}: {limit} {refusal.limit} per minute; retry in "
             f"{retry_after_s} s",
-            type="rate_limit_error",
-            code="rate_limit_exceeded",
-            retry_after_s=retry_after_s,
+            retry_after_s,
         )
 
     async def _count(
@@ -219,17 +245,14 @@ class RateLimiter:
     ) -> Refusal | None:
         """The verdict while the counters are away: ``open`` admits (limits protect
         capacity, and an outage of their store must not become one of the API),
-        ``local`` counts in this process alone, ``closed`` refuses with 503."""
+        ``local`` counts in this process alone, ``closed`` refuses (``LimitsUnavailable``)."""
         if outage == "local":
             return await self._local.admit(key, window, share, limits, tokens)
         if outage == "closed":
-            raise APIError(
-                503,
+            raise LimitsUnavailable(
                 "rate limits are unavailable (their Redis does not answer) and this "
                 "gateway refuses limited keys' requests meanwhile; retry shortly",
-                type="server_error",
-                code="rate_limits_unavailable",
-                retry_after_s=_REDIS_RETRY_S,
+                _REDIS_RETRY_S,
             )
         return None
 

@@ -22,7 +22,7 @@ from collections.abc import AsyncGenerator, Callable
 
 import msgspec
 
-from gateway.pipeline.keeping import Answer, Kept
+from gateway.pipeline.answer import Answer, Kept
 from gateway.pipeline.outcome import Decision, Event, Finished, TextDelta
 from gateway.pipeline.policy import Policy
 from gateway.pipeline.request import ChatRequest

@@ -13,8 +13,9 @@ from collections.abc import AsyncGenerator, Coroutine
 from typing import Any
 
 from cache.coalesce import Flight
+from gateway.pipeline.answer import SharedAnswer
 from gateway.pipeline.exchange import Exchange
-from gateway.pipeline.keeping import Keeper, SharedAnswer
+from gateway.pipeline.keeping import Keeper
 from gateway.pipeline.outcome import Event
 
 Work = Coroutine[Any, Any, AsyncGenerator[Event]]

@@ -1,4 +1,5 @@
-"""Steps 1-7 of a chat request (docs/architecture.md, "A request's way"), in order:
+"""Steps 1-7 of a chat request (docs/architecture.md, "The request's way through the
+code"), in order:
 
 1. the exact cache key; 2. the last user turn embedded once, when something needs it;
 3. the semantic cache; 4. the router's difficulty; 5a. the engine, whose answer the
@@ -24,12 +25,11 @@ from cache.coalesce import Coalescer, Flight
 from cache.entry import Namespace, context_fingerprint, entry_id, sampling_key
 from cache.semantic_cache import Hit, Miss, SemanticCache
 from engines.base import Delta, Engine, Generation
-from engines.failover import failed_over
-from engines.fanout import FanOutEngine
 from evaluator.loop import Fallback, LoopResult, ReasoningLoop, Thinking
 from gateway.config import AUTO_MODEL
+from gateway.pipeline.answer import Answer, CachePlan, SharedAnswer
 from gateway.pipeline.exchange import Exchange
-from gateway.pipeline.keeping import Answer, CachePlan, Keeper, SharedAnswer
+from gateway.pipeline.keeping import Keeper
 from gateway.pipeline.lead import Lead
 from gateway.pipeline.outcome import Answering, Event, Finished, Reasoning, Refused, TextDelta
 from gateway.pipeline.policy import Policy
@@ -315,7 +315,7 @@ class Pipeline:
         logprobs, deadline = request.params.logprobs, exchange.decision.deadline
         if not request.stream:
             generation = await engine.generate(request.messages, params, deadline)
-            _failed_over(exchange)
+            _failed_over(exchange, engine, generation)
             _whole(generation, exchange, keeper)
             return _whole_events(generation, logprobs)
         events = engine.stream(request.messages, params, deadline)
@@ -324,7 +324,7 @@ class Pipeline:
         except BaseException:
             await events.aclose()
             raise
-        _failed_over(exchange)
+        _failed_over(exchange, engine, first)
         return _generated(first, events, logprobs, exchange, keeper)
 
     def _think(
@@ -426,11 +426,12 @@ async def _whole_events(generation: Generation, logprobs: bool) -> AsyncGenerato
     yield _finished(generation)
 
 
-def _failed_over(exchange: Exchange) -> None:
-    """Note the engine that answered instead of the one asked (it was unavailable)."""
-    failover = failed_over()
-    if failover is not None:
-        exchange.decide(engine=failover.target, failover=failover.source)
+def _failed_over(exchange: Exchange, asked: Engine, event: Delta | Generation) -> None:
+    """Note the engine that answered in place of the one ``asked`` (it was unavailable),
+    as the answer's first event or whole generation names it."""
+    answering = event.engine
+    if answering is not None and answering != asked.name:
+        exchange.decide(engine=answering, failover=asked.name)
 
 
 def _whole(generation: Generation, exchange: Exchange, keeper: Keeper) -> None:
@@ -555,6 +556,6 @@ class Embedded:
 
 def _refuse_if_full(engines: list[Engine]) -> None:
     """429 now if every one of ``engines`` would refuse a new request."""
-    full = [e for e in engines if isinstance(e, FanOutEngine) and e.full]
-    if engines and len(full) == len(engines):
-        raise full[0].refusal()  # EngineOverloaded: the client hears 429 with Retry-After
+    refusals = [refusal for e in engines if (refusal := e.refusal()) is not None]
+    if engines and len(refusals) == len(engines):
+        raise refusals[0]  # EngineOverloaded: the client hears 429 with Retry-After

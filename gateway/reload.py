@@ -18,8 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from gateway.api.auth import KeyTable
 from gateway.config import ConfigError, GatewayConfig, load_config
+from gateway.ops.keys import KeyTable
 from gateway.runtime import Runtime
 
 log = logging.getLogger("satisfice.gateway")

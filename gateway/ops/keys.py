@@ -2,6 +2,7 @@
 
 API keys are random tokens, not passwords: one SHA-256 of a key is as hard to
 reverse as the key is to guess, so a slow password hash would only slow requests.
+A key refused raises ``KeyRefused``, which the HTTP layer answers with 401 or 403.
 """
 
 from __future__ import annotations
@@ -10,13 +11,27 @@ import hashlib
 import hmac
 import os
 from collections.abc import Mapping
+from typing import Literal
 
 import msgspec
 
-from gateway.api.errors import APIError
 from gateway.config import DEFAULT_TENANT, AuthSettings, ConfigError, KeySettings
 
 ADMIN_KEY_ENV = "SATISFICE_ADMIN_KEY"
+
+# Why a key is refused: no known API key, no known admin key (both unauthenticated);
+# admin endpoints that nothing could open, an API key without the admin right (both
+# forbidden).
+KeyRefusal = Literal["invalid_api_key", "invalid_admin_key", "admin_closed", "not_admin"]
+
+
+class KeyRefused(Exception):
+    """The request's key may not do what it asks; ``message`` is safe to show it."""
+
+    def __init__(self, kind: KeyRefusal, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
 
 
 class Caller(msgspec.Struct, frozen=True, kw_only=True):
@@ -69,32 +84,28 @@ class KeyTable:
         return not self._callers
 
     def caller(self, headers: Mapping[str, str]) -> Caller:
-        """The caller of an API request; 401 without a known key (when keys exist)."""
+        """The caller of an API request; refused without a known key (when keys exist)."""
         if self.open:
             return OPEN
         caller = self._known(headers)
         if caller is None:
-            raise APIError(
-                401,
+            raise KeyRefused(
+                "invalid_api_key",
                 "an API key is required: send one as 'Authorization: Bearer <key>'"
                 if _token(headers) is None
                 else "the API key is not valid",
-                type="authentication_error",
-                code="invalid_api_key",
             )
         return caller
 
     def admin(self, headers: Mapping[str, str]) -> None:
         """Let an admin through: the admin key, or an API key with ``admin: true``.
-        403 when nothing could open the admin endpoints or the key lacks the right,
-        401 without a known key."""
+        Refused without a known key, when nothing could open the admin endpoints, or
+        when the key lacks the right."""
         if self._admin_digest is None and not any(c.admin for c in self._callers.values()):
-            raise APIError(
-                403,
+            raise KeyRefused(
+                "admin_closed",
                 f"admin endpoints are closed: set server.admin_key or {ADMIN_KEY_ENV}, or "
                 "give an API key admin: true",
-                type="permission_error",
-                code="admin_closed",
             )
         token = _token(headers)
         digest = None if token is None else hash_key(token)
@@ -103,19 +114,12 @@ class KeyTable:
             return
         caller = self._known(headers)
         if caller is None:
-            raise APIError(
-                401,
+            raise KeyRefused(
+                "invalid_admin_key",
                 "an admin key is required: send it as 'Authorization: Bearer <key>'",
-                type="authentication_error",
-                code="invalid_admin_key",
             )
         if not caller.admin:
-            raise APIError(
-                403,
-                f"the API key {caller.key!r} may not use admin endpoints",
-                type="permission_error",
-                code="not_admin",
-            )
+            raise KeyRefused("not_admin", f"the API key {caller.key!r} may not use admin endpoints")
 
     def _known(self, headers: Mapping[str, str]) -> Caller | None:
         token = _token(headers)
