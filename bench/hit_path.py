@@ -7,9 +7,11 @@ sends back the very bytes an exact hit gets; ``litestar``, a bare Litestar app t
 decodes the same request Struct and returns those bytes. Gateways: the memory store
 with the express path and without it (server.express_hits), and the Redis store with
 its near cache and without it (near_cache_bytes: 0). Each is warmed with the same
-PROMPTS distinct questions; requests ask for them lower-cased (an exact hit after
-normalisation), with Cache-Control: only-if-cached, so a miss is a 504, never a
-generation.
+PROMPTS distinct questions; requests ask for them as warmed (an exact hit), with
+Cache-Control: only-if-cached, so a miss is a 504, never a generation. With ``--before
+DIR`` (a checkout of an earlier commit, e.g. ``git worktree add ../before <commit>``),
+the memory and Redis express gateways and the framework path run from that tree too,
+in the same rounds, and each is given its ratio to its twin from DIR.
 
 Load: wrk (Debian's `wrk` package: C, one thread, a Lua script cycling through the
 bodies), one client and CLIENTS clients on kept-alive connections, DURATION seconds a
@@ -26,7 +28,8 @@ own batched throughput on the same prompts (EmbedderSettings' defaults, as the g
 runs it), measured between the gateway's runs.
 
     apt-get install wrk
-    .venv/bin/python bench/hit_path.py [--rounds 5] [--duration 8] [--semantic] [--json FILE]
+    .venv/bin/python bench/hit_path.py [--rounds 5] [--duration 8] [--semantic]
+        [--before DIR] [--json FILE]
 """
 
 from __future__ import annotations
@@ -72,6 +75,8 @@ from router.embedder import Embedder, EmbedderSettings, Vectors
 
 ROOT = Path(__file__).resolve().parent.parent
 ADMIN_KEY = "bench-admin"
+# The name of a target from the earlier tree (--before), after its twin's.
+BEFORE = " (before)"
 CHAT = "/v1/chat/completions"
 ONLY_CACHED = {"Content-Type": "application/json", "Cache-Control": "only-if-cached"}
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -118,14 +123,18 @@ def bare_litestar(body: bytes, headers: dict[str, str]) -> Litestar:
 class Server:
     """A process serving HTTP on a port of its own: a ceiling or a gateway."""
 
-    def __init__(self, name: str, command: list[str], port: int, log: Path) -> None:
+    def __init__(
+        self, name: str, command: list[str], port: int, log: Path, tree: Path = ROOT
+    ) -> None:
         self.name = name
         self.url = f"http://127.0.0.1:{port}"
         self.port = port
         self._log = log.open("wb")
+        # The tree the process's code comes from: this one, or an earlier checkout.
+        python_path = {} if tree == ROOT else {"PYTHONPATH": str(tree)}
         self.process = subprocess.Popen(
-            command, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            command, cwd=tree, stdout=self._log, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **python_path},
         )  # fmt: skip
 
     def wait(self, path: str = "/readyz", timeout_s: float = 600) -> None:
@@ -170,6 +179,7 @@ def gateway(
     express: bool = True,
     runtime: str = "onnx",
     access_log: bool = True,
+    tree: Path = ROOT,
 ) -> Server:
     config = work / f"{name}.yaml"
     server = f"admin_key: {ADMIN_KEY}, express_hits: {str(express).lower()}"
@@ -180,7 +190,7 @@ def gateway(
     )
     port = free_port()
     command = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)]
-    return Server(name, [*command, "--port", str(port)], port, work / f"{name}.log")
+    return Server(name, [*command, "--port", str(port)], port, work / f"{name}.log", tree)
 
 
 def redis_cache(prefix: str, near_bytes: int | None = None) -> str:
@@ -312,9 +322,7 @@ def warm_gateway(server: Server, prompts: list[str]) -> None:
 
 def exact_bodies(prompts: list[str]) -> list[bytes]:
     return [
-        msgspec.json.encode(
-            {"model": "small", "messages": [{"role": "user", "content": p.lower()}]}
-        )
+        msgspec.json.encode({"model": "small", "messages": [{"role": "user", "content": p}]})
         for p in prompts
     ]
 
@@ -343,13 +351,25 @@ def exact_hits(args: argparse.Namespace, work: Path, report: dict[str, Any]) -> 
             gateway(f"redis-near-{i}", near, work) for i in range(2)
         ],
     }
+    if args.before is not None:
+        before = args.before.resolve()
+        gateways["memory, express" + BEFORE] = [
+            gateway("memory-express-before", "{}", work, tree=before)
+        ]
+        gateways["memory, framework path" + BEFORE] = [
+            gateway("memory-framework-before", "{}", work, express=False, tree=before)
+        ]
+        gateways["redis + near cache, express" + BEFORE] = [
+            gateway("redis-near-before", near, work, tree=before)
+        ]
     targets: dict[str, list[Server]] = {}
     try:
         for replicas in gateways.values():
             for server in replicas:
                 server.wait()
-        for name in ("memory, express", "memory, framework path", "redis + near cache, express"):
-            warm_gateway(gateways[name][0], prompts)  # the third warms Redis for the rest
+        memory = [n for n in gateways if n.startswith("memory")]
+        for name in [*memory, "redis + near cache, express"]:
+            warm_gateway(gateways[name][0], prompts)  # the last warms Redis for the rest
         bodies = exact_bodies(prompts)
         body, headers = hit_response(gateways["memory, express"][0], bodies[0])
         (work / "body.json").write_bytes(body)
@@ -403,6 +423,11 @@ def measure(
             figures[name] = summary(runs[name])
             if name.startswith("ceiling"):
                 continue
+            if name + BEFORE in runs:  # this tree's, beside the earlier tree's twin
+                figures[name]["per_s_ratio_to_before"] = ratios(runs, name, name + BEFORE, "per_s")
+                figures[name]["cpu_ratio_to_before"] = ratios(
+                    runs, name, name + BEFORE, "server_cpu_ms_per_request", invert=True
+                )
             processes = "" if len(targets[name]) == 1 else f", {len(targets[name])} processes"
             for kind in ("raw", "litestar"):
                 ceiling = f"ceiling: {kind}{processes}"
@@ -568,6 +593,7 @@ def main() -> None:
         "--embedder-runtime", choices=("onnx", "onnx-int8", "torch"), default="onnx"
     )
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--before", type=Path, help="an earlier checkout, measured beside")
     parser.add_argument("--plot", type=Path, help="a PNG of the exact-hit figures")
     parser.add_argument("--from-json", type=Path, help="plot this report; measure nothing")
     args = parser.parse_args()

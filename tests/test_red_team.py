@@ -397,10 +397,11 @@ def test_work_whose_every_waiter_left_stops_within_a_token(red: Gateway) -> None
     follower = send_raw(red, body, key=KEY_A2)
     _joined(red, misses)
     leader.close()
-    until(lambda: engine.ended(499) == gone + 1, "the leader's request ended 499")
-    # The follower still waits: the work goes on for it ...
+    # The follower still waits: the work goes on for it (and the leader's request
+    # settles, 499, only once that work is over) ...
     left_at = engine.sampled()
     until(lambda: engine.sampled() > left_at + 10, "the work going on for the follower")
+    assert engine.ended(499) == gone
     # ... until it leaves too.
     follower.close()
     engine.stops_within_a_token_of(int(gone) + 2, before=before)
@@ -1167,3 +1168,72 @@ def test_a_replica_started_while_redis_is_down_says_so(tmp_path: Path) -> None:
         assert error_of(report, 503)["code"] == "store_unavailable"
     finally:
         stop(process)
+
+
+# -- every request settles once (issue 33) ---------------------------------------------
+
+
+def _load(red: Gateway, requests: int, clients: int) -> int:
+    """A bounded mix from ``clients`` threads on 127.0.0.1: exact hits (plain and
+    streamed), short misses, unknown models, bodies that are no request, a wrong key
+    and a throttled one. The number of chat requests sent."""
+    warmed = [f"What is {n} plus {n}?" for n in range(8)]
+    for question in warmed:
+        red.chat({"model": "small", "messages": user(question), "max_tokens": 4})
+
+    def one(i: int) -> None:
+        kind = i % 7
+        body: dict[str, Any] = {"model": "small", "messages": user(warmed[i % 8]), "max_tokens": 4}
+        if kind == 1:
+            body["stream"] = True
+        elif kind == 2:
+            body["messages"] = user(f"Say the number {i}.")
+        elif kind == 3:
+            body["model"] = "no-such-model"
+        if kind == 4:
+            post_raw(red, b'{"model": "small", "messages": ')
+        elif kind == 5:
+            red.chat(body, key="not-a-key")
+        elif kind == 6:
+            red.chat(body, key=THROTTLED)
+        else:
+            red.chat(body)
+
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(one, range(requests)))
+    return len(warmed) + requests
+
+
+def test_every_chat_request_settles_once(red: Gateway) -> None:
+    """Runs last in this module: after every attack above (and a bounded load run), the
+    requests counted in satisfice_requests_total are the requests that settled, one
+    access line each, and every chat request the server saw has settled: none twice
+    (two lines of one request id), none lost (a request with no settled line)."""
+    before = _requests_total(red)
+    sent = _load(red, requests=140, clients=12)
+    until(lambda: _requests_total(red) - before == sent, f"{sent} requests settled", 30)
+    time.sleep(1.0)  # nothing more settles late: a leader's work is long over
+    total = _requests_total(red)
+    assert total - before == sent
+    settled: list[str] = []
+    unsettled: set[str] = set()
+    for line in red.log.read_text(errors="replace").splitlines():
+        if not line.startswith("{"):
+            continue
+        record = json.loads(line)
+        if record.get("logger") != "satisfice.access":
+            continue
+        if record["message"].startswith("chat completion "):
+            settled.append(record.get("request_id", ""))
+        elif record.get("path") == "/v1/chat/completions":
+            # Only a leader whose client left writes this before it settles.
+            unsettled.add(record.get("request_id", ""))
+    assert len(settled) == total, "one access line per request counted"
+    assert len(set(settled)) == len(settled), "a request settled twice"
+    assert unsettled <= set(settled), "a chat request that never settled"
+
+
+def _requests_total(red: Gateway) -> float:
+    return sum(
+        value for (name, _), value in red.metrics().items() if name == "satisfice_requests_total"
+    )
