@@ -16,7 +16,7 @@ from engines.native_check import LlamaCppUnusable
 from evaluator.calibration import calibrator_file, read_calibrator
 from evaluator.loop import ReasoningLoop
 from gateway.config import GatewayConfig
-from gateway.ops import logs, tracing
+from gateway.ops import logs
 from gateway.ops.keys import KeyTable
 from gateway.ops.limits import MemoryCounters, RateLimiter, RedisCounters
 from gateway.ops.metrics import Metrics
@@ -83,13 +83,14 @@ class Runtime:
         # Write-backs run after their response has gone; kept here so they finish.
         self.background: set[asyncio.Task[None]] = set()
         # Where every chat request ends up, once, and who hears of it.
+        # (The app subscribes the trace span when it traces: gateway.api.app.)
         self.settlement = Settlement()
+        self.settlement.subscribe(self.metrics.settled)
+        if config.server.access_log:
+            self.settlement.subscribe(logs.access)
         if self.cache is not None:
             self.settlement.subscribe(WriteBack(self.cache, self.in_background))
-        self.settlement.subscribe(self.metrics.settled)
-        self.settlement.subscribe(logs.access)
-        self.settlement.subscribe(tracing.chat_ended)
-        self.settlement.subscribe(self._remember_semantic_hit)
+            self.settlement.subscribe(self._remember_semantic_hit)
         self.ready = False
         self.failure: str | None = None
 

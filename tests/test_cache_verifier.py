@@ -21,7 +21,7 @@ from cache.semantic_cache import Hit, Miss
 from cache.settings import CacheSettings, VerifierSettings
 from cache.verifier import Verification, Verifier, VerifierError, pair_features
 from gateway.config import parse_config
-from gateway.pipeline.policy import resolve
+from gateway.pipeline.request_policy import resolve
 from gateway.reload import restart_needed
 from router.embedder import Embedder
 from tests.test_cache import make_cache, put, scope, semantic

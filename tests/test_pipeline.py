@@ -17,8 +17,8 @@ from gateway.config import parse_config
 from gateway.pipeline.exchange import Settled
 from gateway.pipeline.outcome import Finished, TextDelta
 from gateway.pipeline.pipeline import Pipeline, token_confidence
-from gateway.pipeline.policy import CacheControl, resolve
 from gateway.pipeline.request import ChatRequest
+from gateway.pipeline.request_policy import CacheControl, resolve
 from gateway.runtime import Runtime
 from tests.support import exchange_for
 

@@ -12,7 +12,7 @@ from gateway.api.validate import chat_request
 from gateway.api.wire import ChatCompletionRequest, ChatMessage
 from gateway.config import parse_config
 from gateway.pipeline.outcome import Finished, Refused, TextDelta
-from gateway.pipeline.policy import resolve
+from gateway.pipeline.request_policy import resolve
 from gateway.runtime import Runtime
 from tests.support import exchange_for
 

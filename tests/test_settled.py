@@ -32,8 +32,8 @@ from gateway.pipeline.exchange import Exchange, Settled, Settlement
 from gateway.pipeline.keeping import WriteBack
 from gateway.pipeline.outcome import Event
 from gateway.pipeline.pipeline import Pipeline
-from gateway.pipeline.policy import CacheControl, Policy, resolve
 from gateway.pipeline.request import ChatRequest
+from gateway.pipeline.request_policy import CacheControl, Policy, resolve
 from router.embedder import Embedder
 from router.router import Router
 

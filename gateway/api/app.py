@@ -38,6 +38,8 @@ def create_app(
     # The config's telemetry section wins over the standard OTEL_* variables.
     telemetry = config.telemetry or tracing.from_environment(os.environ)
     traces = tracing.Tracing(telemetry) if telemetry is not None else None
+    if traces is not None:  # a chat request's span carries its decision once it settles
+        runtime.settlement.subscribe(tracing.chat_ended)
 
     async def start() -> None:
         await runtime.start()

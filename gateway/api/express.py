@@ -39,7 +39,7 @@ from litestar.types import (
 from cache.semantic_cache import Hit
 from gateway.api import render
 from gateway.api.errors import APIError
-from gateway.api.front import HANDED, admit, open_exchange
+from gateway.api.front import HANDED, admit, charge, open_exchange
 from gateway.api.headers import decision_headers
 from gateway.api.wire import ChatCompletionRequest
 from gateway.ops.keys import KeyRefused
@@ -158,7 +158,9 @@ class ExpressHits:
             runtime, tenant=caller.tenant, model=data.model, key=caller.key, started=started
         )
         try:
-            admitted = await admit(runtime, config, caller, data, headers, exchange)
+            admitted = admit(runtime, config, caller, data, headers, exchange)
+            if caller.limits is not None:
+                await charge(runtime, config, caller, admitted.chat)
         except Exception:  # refused, and so not charged: the full path refuses it again
             return None
         at_hand = None

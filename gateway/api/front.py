@@ -1,7 +1,8 @@
 """The front door of a chat request, one for both ways in: the express path (exact hits
 at hand, before the web framework) and the framework's handler. Either opens the
 request's ``Exchange`` and admits it here, by the same steps in the same order: the
-request's headers, the body's checks, the key's rate limit, the settings resolved.
+request's headers, the body's checks and the settings resolved (``admit``), then the
+key's rate limit (``charge``).
 
 A request the express path admits but does not answer goes on to the handler with its
 exchange and admission (``handed``): it is neither admitted nor charged twice.
@@ -21,8 +22,8 @@ from gateway.config import GatewayConfig
 from gateway.ops import logs
 from gateway.ops.keys import Caller
 from gateway.pipeline.exchange import Exchange
-from gateway.pipeline.policy import Policy, resolve
 from gateway.pipeline.request import ChatRequest
+from gateway.pipeline.request_policy import Policy, resolve
 from gateway.runtime import Runtime
 
 # The request state's key for a request admitted by the express path, handed on.
@@ -56,7 +57,7 @@ def open_exchange(
     )
 
 
-async def admit(
+def admit(
     runtime: Runtime,
     config: GatewayConfig,
     caller: Caller,
@@ -64,15 +65,10 @@ async def admit(
     headers: Mapping[str, str],
     exchange: Exchange,
 ) -> Admitted:
-    """The request checked and charged, with its settings; raises the ``APIError`` (or
-    the rate limiter's refusal) that the client is answered with."""
+    """The request checked, with its settings; raises the ``APIError`` that the client
+    is answered with. Then, for a key with limits, ``charge``."""
     asked = read_headers(headers)
     chat = chat_request(data, runtime.engines, runtime.router is not None, config.server)
-    if caller.limits is not None:
-        cost = chat.prompt_tokens + chat.params.max_tokens
-        await runtime.limiter.admit(
-            caller.key or "", caller.limits, cost, config.auth.rate_limit_outage
-        )
     policy = resolve(
         config,
         caller.tenant,
@@ -83,6 +79,19 @@ async def admit(
     )
     exchange.admitted(chat, policy)
     return Admitted(chat, policy, asked.trace)
+
+
+async def charge(
+    runtime: Runtime, config: GatewayConfig, caller: Caller, chat: ChatRequest
+) -> None:
+    """The admitted request charged to its key's rate limit (a key with limits only:
+    the check is a coroutine, which a key without them does not pay for); raises the
+    rate limiter's refusal."""
+    assert caller.limits is not None
+    cost = chat.prompt_tokens + chat.params.max_tokens
+    await runtime.limiter.admit(
+        caller.key or "", caller.limits, cost, config.auth.rate_limit_outage
+    )
 
 
 def user_conversation(data: ChatCompletionRequest, config: GatewayConfig) -> str | None:

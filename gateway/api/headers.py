@@ -3,13 +3,14 @@ says about the decision. Both ways, here and nowhere else."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 import msgspec
 
 from gateway.api.errors import APIError, shown
 from gateway.pipeline.outcome import Decision
-from gateway.pipeline.policy import CacheControl
+from gateway.pipeline.request_policy import CacheControl
 
 DEADLINE_HEADER = "x-satisfice-deadline-ms"
 CONVERSATION_HEADER = "x-satisfice-conversation"
@@ -59,13 +60,23 @@ def _deadline_ms(headers: Mapping[str, str]) -> int | None:
 
 
 def _cache_control(headers: Mapping[str, str]) -> CacheControl:
+    """What the request's cache headers let the cache do (``_parsed_cache_control``)."""
+    return _parsed_cache_control(
+        headers.get(CACHE_HEADER, ""), headers.get("cache-control"), headers.get("pragma", "")
+    )
+
+
+# Clients send the same few header values again and again: each is parsed once (a
+# value refused raises, and is not kept).
+@functools.lru_cache(maxsize=256)
+def _parsed_cache_control(ours: str, control: str | None, pragma: str) -> CacheControl:
     """``x-satisfice-cache: bypass`` (do not look up), ``no-store`` (do not keep the
     answer), or both; HTTP's own ``Cache-Control: no-cache`` / ``no-store`` mean the
     same, ``max-age=N`` serves only answers cached in the last N seconds (0: none, as
     ``no-cache``), and ``only-if-cached`` answers a miss with 504 instead of generating
     (RFC 9111, 5.2.1). Without Cache-Control, HTTP/1.0's ``Pragma: no-cache`` is
     ``no-cache`` (RFC 9111, 5.4)."""
-    tokens = {t.strip().lower() for t in headers.get(CACHE_HEADER, "").split(",") if t.strip()}
+    tokens = {t.strip().lower() for t in ours.split(",") if t.strip()}
     unknown = tokens - {"bypass", "no-store"}
     if unknown:
         raise APIError(
@@ -73,9 +84,8 @@ def _cache_control(headers: Mapping[str, str]) -> CacheControl:
             f"{CACHE_HEADER} has {shown(', '.join(sorted(unknown)))}; use bypass, no-store or both",
             param=CACHE_HEADER,
         )
-    control = headers.get("cache-control")
     if control is None:
-        control = "no-cache" if "no-cache" in headers.get("pragma", "").lower() else ""
+        control = "no-cache" if "no-cache" in pragma.lower() else ""
     directives = dict(_directive(d) for d in control.split(",") if d.strip())
     max_age_s = _max_age(directives["max-age"]) if "max-age" in directives else None
     return CacheControl(

@@ -24,7 +24,7 @@ from engines.base import EngineError
 from gateway.api import render
 from gateway.api.errors import EXCHANGE, APIError, ClientGone
 from gateway.api.feedback import feedback
-from gateway.api.front import HANDED, Admitted, admit, open_exchange
+from gateway.api.front import HANDED, Admitted, admit, charge, open_exchange
 from gateway.api.guards import require_json, require_key
 from gateway.api.headers import decision_headers
 from gateway.api.validate import chat_request
@@ -35,8 +35,8 @@ from gateway.ops.metrics import CLIENT_CLOSED, CONTENT_TYPE
 from gateway.pipeline.exchange import Exchange
 from gateway.pipeline.outcome import Refused
 from gateway.pipeline.pipeline import Pipeline
-from gateway.pipeline.policy import Policy, resolve
 from gateway.pipeline.request import ChatRequest
+from gateway.pipeline.request_policy import Policy, resolve
 from gateway.runtime import Runtime
 from router.router import RouteDecision
 
@@ -122,7 +122,9 @@ async def _chat(
     if handed is None:
         config: GatewayConfig = request.state.config
         caller: Caller = request.state.caller
-        admitted = await admit(runtime, config, caller, data, request.headers, exchange)
+        admitted = admit(runtime, config, caller, data, request.headers, exchange)
+        if caller.limits is not None:
+            await charge(runtime, config, caller, admitted.chat)
     else:
         admitted = handed[1]
     chat, policy, pipeline = admitted.chat, admitted.policy, runtime.pipeline

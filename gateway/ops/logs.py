@@ -254,8 +254,10 @@ def _line(message: str, args: tuple[object, ...], fields: dict[str, object]) -> 
     line (which logging would, at a third of the line's cost, for nothing here)."""
     logger = logging.getLogger(ACCESS_LOGGER)
     if logger.isEnabledFor(logging.INFO):
-        record = logger.makeRecord(ACCESS_LOGGER, logging.INFO, "", 0, message, args, None,
-                                   extra=fields)  # fmt: skip
+        record = logger.makeRecord(ACCESS_LOGGER, logging.INFO, "", 0, message, args, None)
+        # The fields as ``extra`` would set them, less its check of each name against
+        # the record's own (ours are none of them).
+        record.__dict__.update(fields)
         logger.handle(record)
 
 
@@ -286,19 +288,17 @@ def http_access(method: str, path: str, status: int, seconds: float) -> None:
 def access(settled: Settled) -> None:
     """The access line of one chat completion, once it has settled: what answered and
     how (the decision's view), never the text nor the key, only the key's name."""
+    if not logging.getLogger(ACCESS_LOGGER).isEnabledFor(logging.INFO):
+        return  # server.access_log: false
     decision = settled.decision
-    fields: dict[str, object] = {
-        "route": decision.route,
-        "status": settled.status,
-        "duration_ms": round(settled.seconds * 1000, 3),
-    }
+    fields: dict[str, object] = msgspec.to_builtins(decision.view())  # without the Nones
+    fields["model"] = clipped(decision.model)
+    fields["status"] = settled.status
+    fields["duration_ms"] = round(settled.seconds * 1000, 3)
     if settled.key is not None:
         fields["key"] = settled.key
     if settled.error is not None:
         fields["error"] = settled.error
-    for name, value in msgspec.to_builtins(decision.view()).items():
-        fields.setdefault(name, round(value, 4) if isinstance(value, float) else value)
-    fields["model"] = clipped(decision.model)
     route, status, ms = decision.route, settled.status, settled.seconds * 1000
     _line("chat completion %s %s in %.1f ms", (route, status, ms), fields)
     written = _access.get()

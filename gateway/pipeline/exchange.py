@@ -24,8 +24,8 @@ import msgspec
 
 from gateway.pipeline.answer import Answer, Kept
 from gateway.pipeline.outcome import Decision, Event, Finished, TextDelta
-from gateway.pipeline.policy import Policy
 from gateway.pipeline.request import ChatRequest
+from gateway.pipeline.request_policy import Policy
 
 log = logging.getLogger("satisfice.gateway")
 
@@ -101,8 +101,9 @@ class Exchange:
         self.request: ChatRequest | None = None
         self.policy: Policy | None = None
         self.kept: Kept | None = None
-        self._texts: dict[int, list[str]] = {}
+        self._texts: dict[int, list[str]] = {}  # a streamed answer's, as sent
         self._finished: Finished | None = None
+        self._sent_whole: Served | None = None  # an answer sent in one piece
         self._first_byte_s: float | None = None
         self._holds = 1  # the response's, until ``end``
         self._ended: tuple[int, str | None, float] | None = None
@@ -135,9 +136,11 @@ class Exchange:
 
     def sent_whole(self, answer: Answer) -> None:
         """An answer sent in one piece (a cached one, rendered before)."""
-        self._texts = {0: [answer.text]}
-        self._finished = Finished(
-            (answer.finish_reason,), answer.prompt_tokens, answer.completion_tokens
+        self._sent_whole = Served(
+            texts=(answer.text,),
+            finish_reasons=(answer.finish_reason,),
+            prompt_tokens=answer.prompt_tokens,
+            completion_tokens=answer.completion_tokens,
         )
 
     def first_byte(self) -> float:
@@ -185,6 +188,8 @@ class Exchange:
         )
 
     def _served(self) -> Served | None:
+        if self._sent_whole is not None:
+            return self._sent_whole
         if not self._texts and self._finished is None:
             return None
         end = self._finished

@@ -32,8 +32,8 @@ from gateway.pipeline.exchange import Exchange
 from gateway.pipeline.keeping import Keeper
 from gateway.pipeline.lead import Lead
 from gateway.pipeline.outcome import Answering, Event, Finished, Reasoning, Refused, TextDelta
-from gateway.pipeline.policy import Policy
 from gateway.pipeline.request import ChatRequest
+from gateway.pipeline.request_policy import Policy
 from gateway.pipeline.turns import LoopRun, Superseded, Turns
 from router.embedder import Embedder, EmbedderOverloaded, Embedding
 from router.router import RouteDecision, Router
