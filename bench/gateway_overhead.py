@@ -9,9 +9,12 @@ decoding so both generate the very same tokens:
     (what the gateway adds) and by httpx (what a Python httpx client waits on top);
   - the serving process's peak RSS after the run.
 The gateway is a real `satisfice serve` process on 127.0.0.1 with the embedded default
-config; both clients keep their connection alive, as a product backend would.
+config; both clients keep their connection alive, as a product backend would. With
+``--before DIR`` (a checkout of an earlier commit, e.g. ``git worktree add ../before
+<commit>``) a second gateway, served from that tree, takes its turn beside the first
+(plain socket client), and the report gives its added latency and the ratio.
 
-    .venv/bin/python bench/gateway_overhead.py [--rounds 20] [--json FILE]
+    .venv/bin/python bench/gateway_overhead.py [--rounds 20] [--before DIR] [--json FILE]
 """
 
 from __future__ import annotations
@@ -19,12 +22,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import socket
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import NamedTuple, TypeVar
 
@@ -218,32 +222,56 @@ async def _gateway_ttft(http: httpx.AsyncClient, question: str) -> float:
     return first
 
 
+class Gateway(NamedTuple):
+    process: subprocess.Popen[bytes]
+    port: int
+
+
+async def _in_turn(runs: Sequence[Awaitable[Timed]], turn: int) -> list[Timed]:
+    """Await ``runs`` starting at ``turn`` (so order effects cancel), results in order."""
+    order = list(range(turn, len(runs))) + list(range(turn))
+    timed: dict[int, Timed] = {}
+    for index in order:
+        timed[index] = await runs[index]
+    return [timed[index] for index in range(len(runs))]
+
+
 async def run(
-    rounds: int, engine: LlamaCppEngine, process: subprocess.Popen[bytes], port: int
+    rounds: int, engine: LlamaCppEngine, after: Gateway, before: Gateway | None
 ) -> dict[str, object]:
     await engine.start()
+    port = after.port
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as http:
-            await _wait_ready(http, process)
+            await _wait_ready(http, after.process)
             plain = PlainClient(port)
+            plain_before: PlainClient | None = None
+            if before is not None:
+                async with httpx.AsyncClient(
+                    base_url=f"http://127.0.0.1:{before.port}", timeout=120
+                ) as http_before:
+                    await _wait_ready(http_before, before.process)
+                plain_before = PlainClient(before.port)
             for question in QUESTIONS:  # warm every side up
                 await _direct(engine, question)
                 await _via_gateway(plain, question)
                 await _via_httpx(http, question)
-            direct, gateway, added, added_httpx = [], [], [], []
+                if plain_before is not None:
+                    await _via_gateway(plain_before, question)
+            direct, gateway, added, added_httpx, added_before = [], [], [], [], []
             direct_ttft, gateway_ttft, floor = [], [], []
             for round_ in range(rounds):
                 for i, question in enumerate(QUESTIONS):
-                    # Rotate which side goes first so order effects cancel.
                     runs = [
                         _settled(_direct(engine, question)),
                         _settled(_via_gateway(plain, question)),
                         _settled(_via_httpx(http, question)),
                     ]
-                    turn = (round_ + i) % 3
-                    timed = [await r for r in runs[turn:] + runs[:turn]]
-                    d, g, h = timed[-turn:] + timed[:-turn] if turn else timed
-                    assert d.tokens == g.tokens == h.tokens, (
+                    if plain_before is not None:
+                        runs.append(_settled(_via_gateway(plain_before, question)))
+                    turn = (round_ + i) % len(runs)
+                    d, g, h, *b = await _in_turn(runs, turn)
+                    assert all(t.tokens == d.tokens for t in (g, h, *b)), (
                         "every side must generate the same tokens"
                     )
                     direct.append(d.wall_s)
@@ -253,6 +281,8 @@ async def run(
                     outside = d.wall_s - d.engine_s
                     added.append((g.wall_s - g.engine_s) - outside)
                     added_httpx.append((h.wall_s - h.engine_s) - outside)
+                    if b:
+                        added_before.append((b[0].wall_s - b[0].engine_s) - outside)
                     floor.append(await _settled(_healthz(plain)))
                     # A question neither side has just seen, so both pay its prefill.
                     fresh = QUESTIONS[(i + 2) % len(QUESTIONS)]
@@ -265,7 +295,9 @@ async def run(
                         direct_ttft.append(await direct_first)
                         gateway_ttft.append(await gateway_first)
             plain.close()
-            peak_rss = _peak_rss_mib(process.pid)
+            if plain_before is not None:
+                plain_before.close()
+            peak_rss = _peak_rss_mib(after.process.pid)
     finally:
         await engine.close()
     added_ms = sorted(a * 1000 for a in added)
@@ -284,30 +316,56 @@ async def run(
         "gateway_ttft_median_ms": round(statistics.median(gateway_ttft) * 1000, 2),
         "ttft_ratio": round(statistics.median(gateway_ttft) / statistics.median(direct_ttft), 4),
         "serving_peak_rss_mib": round(peak_rss, 1),
+        **_beside_before(added_ms, added_before),
     }
+
+
+def _beside_before(added_ms: list[float], added_before: list[float]) -> dict[str, float]:
+    """The earlier tree's added latency, and the ratio of medians (now / before)."""
+    if not added_before:
+        return {}
+    before_ms = sorted(a * 1000 for a in added_before)
+    return {
+        "before_added_latency_median_ms": round(statistics.median(before_ms), 3),
+        "before_added_latency_p90_ms": round(before_ms[int(0.9 * (len(before_ms) - 1))], 3),
+        "before_added_latency_p99_ms": round(before_ms[int(0.99 * (len(before_ms) - 1))], 3),
+        "added_latency_median_ratio_to_before": round(
+            statistics.median(added_ms) / statistics.median(before_ms), 4
+        ),
+    }
+
+
+def _serve(tree: Path) -> Gateway:
+    port = _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)],
+        cwd=tree,
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return Gateway(process, port)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--before", type=Path, help="an earlier checkout, measured beside")
     args = parser.parse_args()
     config = load_config()
     settings = config.engines["small"]
     assert isinstance(settings, LlamaCppSettings)
     engine = LlamaCppEngine("small", settings, Path(config.models_dir).expanduser())
-    port = _free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    after = _serve(ROOT)
+    before = _serve(args.before.resolve()) if args.before is not None else None
     try:
-        report = asyncio.run(run(args.rounds, engine, process, port))
+        report = asyncio.run(run(args.rounds, engine, after, before))
     finally:
-        process.terminate()
-        process.wait(timeout=30)
+        for gateway in (after, before):
+            if gateway is not None:
+                gateway.process.terminate()
+                gateway.process.wait(timeout=30)
     print(json.dumps(report, indent=2))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
