@@ -43,6 +43,7 @@ from engines.fanout import remaining
 from evaluator.answers import AnswerKind, extract, infer_kind
 from evaluator.calibration import Calibrator
 from evaluator.policy import LoopSettings, StopReason, Verdict, signal_settings, stop_reason, tally
+from evaluator.shown import Shown, Thinking
 from evaluator.signals import (
     PROBE_MAX_TOKENS,
     PROBE_STOP,
@@ -73,12 +74,6 @@ class FallbackSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
 DEFAULT_FALLBACK = FallbackSettings()
 
 
-class Thinking(msgspec.Struct, frozen=True):
-    """Progress the client may see while the loop runs (``delta.reasoning_content``)."""
-
-    text: str
-
-
 class BranchTrace(msgspec.Struct, frozen=True, kw_only=True):
     answer: str | None  # its vote, None if it had none
     tokens: int  # over every round it ran, probes not included
@@ -96,6 +91,21 @@ class RoundTrace(msgspec.Struct, frozen=True, kw_only=True):
     seconds: float
 
 
+FirstAnswerVerdict = Literal["confirmed", "replaced", "unfinished", "withdrawn"]
+
+
+class FirstAnswerTrace(msgspec.Struct, frozen=True, kw_only=True):
+    """The small engine's provisional first answer, and what the loop made of it."""
+
+    # confirmed: the loop's answer is the same (as the question's kind reads both);
+    # replaced: it differs; unfinished: the loop answered before the first answer was
+    # whole, and it was stopped; withdrawn: the loop had no answer in time (an error).
+    verdict: FirstAnswerVerdict
+    answer: str | None  # as the question's kind reads it; None: unfinished or unread
+    tokens: int  # the small engine generated
+    whole_ms: float | None  # when it was whole, from the loop's start
+
+
 class LoopTrace(msgspec.Struct, frozen=True, kw_only=True):
     """The decision trace of one loop: why it stopped and what answered."""
 
@@ -109,6 +119,13 @@ class LoopTrace(msgspec.Struct, frozen=True, kw_only=True):
     probe_tokens: int
     deadline_ms: float | None  # the time the request had
     elapsed_ms: float
+    # When the first branch token or first-answer token was shown (interaction
+    # latency, from the loop's start); None: nothing but notes was shown.
+    first_shown_ms: float | None = None
+    # Tokens generated per token of the answer given (None: the answer is not one of
+    # the loop's branches, e.g. the small engine's at the deadline).
+    thought_to_output: float | None = None
+    first_answer: FirstAnswerTrace | None = None  # only when one was asked for
 
 
 class LoopResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -218,6 +235,7 @@ class _Run:
         engine: str,
     ) -> LoopResult:
         deadline = self.deadline
+        answer_tokens = next((b.tokens for b in self.branches if b.reply == text), 0)
         trace = LoopTrace(
             kind=self.kind,
             rounds=self.rounds,
@@ -228,12 +246,13 @@ class _Run:
             probe_tokens=self.probe_spent,
             deadline_ms=None if deadline is None else (deadline - self.started) * 1000,
             elapsed_ms=(time.monotonic() - self.started) * 1000,
+            thought_to_output=self.spent / answer_tokens if answer_tokens else None,
         )
         return LoopResult(
             text=text,
             trace=trace,
             prompt_tokens=max((b.prompt_tokens for b in self.branches), default=0),
-            answer_tokens=next((b.tokens for b in self.branches if b.reply == text), 0),
+            answer_tokens=answer_tokens,
             engine=engine,
         )
 
@@ -270,11 +289,15 @@ class ReasoningLoop:
         fallback: FallbackSettings = DEFAULT_FALLBACK,
         difficulty: float | None = None,
         max_tokens: int | None = None,
+        first_answer: bool = False,
     ) -> AsyncGenerator[Thinking | LoopResult]:
         """Think about ``messages`` until confident or out of rounds, tokens or time.
 
         ``deadline`` is absolute ``time.monotonic()`` seconds; ``max_tokens`` caps each
-        branch (the client's own limit on an answer).
+        branch (the client's own limit on an answer). What the loop shows comes as it
+        happens: the first branch of each round token by token, a note after each
+        round; with ``first_answer``, the small engine's answer streams first, marked
+        provisional, and the loop's answer then confirms or replaces it.
         """
         run = _Run(
             kind=infer_kind(last_user_turn(messages)),
@@ -282,28 +305,52 @@ class ReasoningLoop:
             deadline=deadline,
             max_tokens=max_tokens,
         )
-        hedge: asyncio.Task[Generation] | None = None
-        if fallback.policy == "small" and fallback.hedge and self.small is not None:
-            hedge = asyncio.create_task(self._small_answer(messages, deadline))
+        shown = Shown()
+        first_answer = first_answer and self.small is not None
+        hedged = fallback.policy == "small" and fallback.hedge and self.small is not None
+        # The first answer, when asked for, is the hedge too: the same call of the
+        # small engine, which the deadline's fallback then need not wait for anew.
+        small: asyncio.Task[Generation] | None = None
+        if first_answer or hedged:
+            small = asyncio.create_task(
+                self._small_answer(messages, deadline, shown if first_answer else None)
+            )
         yield Thinking(self._opening_note(run))
         end: EndReason | None = None
         try:
             while (end := self._end_before_round(run)) is None:
-                trace = await self._next_round(messages, run)
+                round_ = asyncio.create_task(self._next_round(messages, run, shown))
+                try:
+                    async for thinking in shown.during(round_):
+                        yield thinking
+                    trace = await round_
+                finally:
+                    await _stopped(round_)
                 if trace is None:
                     end = "overloaded"
                     break
                 yield Thinking(self._round_note(trace, run.verdict))
         finally:
-            # The hedge answers only at the deadline; otherwise it is stopped now.
-            if hedge is not None and end != "deadline":
-                hedge.cancel()
-                with contextlib.suppress(BaseException):
-                    await hedge
+            # The small engine's answer serves the deadline's fallback; otherwise the
+            # loop has answered (or stopped) and it is stopped now.
+            if small is not None and end != "deadline":
+                await _stopped(small)
         if end == "deadline":
-            yield await self._fallback_answer(run, fallback, hedge, messages)
+            result = await self._fallback_answer(run, fallback, small, messages)
         else:
-            yield self._own_answer(run, end)
+            result = self._own_answer(run, end)
+        judged: FirstAnswerTrace | None = None
+        if first_answer and small is not None:
+            await _stopped(small)  # the fallback may not have needed it
+            judged = _judge_first_answer(small, result, run.kind, shown)
+        for thinking in shown.ready():
+            yield thinking
+        if judged is not None:
+            yield Thinking(_first_answer_note(judged, result))
+        traced = msgspec.structs.replace(
+            result.trace, first_shown_ms=shown.first_shown_ms, first_answer=judged
+        )
+        yield msgspec.structs.replace(result, trace=traced)
 
     async def draft(
         self,
@@ -344,14 +391,16 @@ class ReasoningLoop:
             return "deadline"
         return None
 
-    async def _next_round(self, messages: Sequence[Message], run: _Run) -> RoundTrace | None:
+    async def _next_round(
+        self, messages: Sequence[Message], run: _Run, shown: Shown
+    ) -> RoundTrace | None:
         """One round: the open branches a round further and new ones up to k, their
         probes, then every branch's vote. None when the engine refused the round and
         the loop has an answer to give instead."""
         round_started = time.monotonic()
         going_on = [b for b in run.branches if self._open(b, run.max_tokens)]
         try:
-            ran = await self._round(messages, going_on, run.k, run.deadline, run.max_tokens)
+            ran = await self._round(messages, going_on, run, shown)
         except EngineOverloaded:
             if run.verdict is None:
                 raise  # nothing to answer with: the client hears 429
@@ -452,11 +501,12 @@ class ReasoningLoop:
         self,
         messages: Sequence[Message],
         going_on: list[_Branch],
-        k: int,
-        deadline: float | None,
-        max_tokens: int | None,
+        run: _Run,
+        shown: Shown,
     ) -> list[_Branch]:
-        """Run the branches still reasoning a round further, and new ones up to k."""
+        """Run the branches still reasoning a round further, and new ones up to k; the
+        first of them is shown as it is generated (the others in the round's note)."""
+        k, deadline, max_tokens = run.k, run.deadline, run.max_tokens
         tokens = self.settings.round_tokens
         params = SamplingParams(
             max_tokens=tokens if max_tokens is None else min(tokens, max_tokens),
@@ -466,8 +516,12 @@ class ReasoningLoop:
         )
         priors: list[_Branch | None] = [*going_on, *[None] * max(0, k - len(going_on))]
         tasks = [
-            asyncio.create_task(self._branch(messages, params, deadline, prior, max_tokens))
-            for prior in priors
+            asyncio.create_task(
+                self._branch(
+                    messages, params, deadline, prior, max_tokens, shown if i == 0 else None
+                )
+            )
+            for i, prior in enumerate(priors)
         ]
         try:
             return list(await asyncio.gather(*tasks))
@@ -570,9 +624,11 @@ class ReasoningLoop:
         deadline: float | None,
         prior: _Branch | None,
         max_tokens: int | None,
+        shown: Shown | None = None,
     ) -> _Branch:
         """A new branch, or ``prior`` a round further (its text sent back as the start
-        of the assistant's turn, which the engine continues)."""
+        of the assistant's turn, which the engine continues); its tokens go to
+        ``shown`` as they come."""
         prompt, own = self._continuation(messages, params, prior, max_tokens)
         cut = self.settings.prune_below
         growing = _Growing(prior, None if cut is None else LowConfidenceWatch(cut, self._signals))
@@ -588,10 +644,15 @@ class ReasoningLoop:
                         return growing.finished(event)
                     pieces.append(event.text)
                     tokens.extend(event.logprobs)
+                    if shown is not None:
+                        shown.thought(event.text)
                     if watch is not None and any(watch.feed(t) for t in event.logprobs):
                         return growing.branch("pruned")  # DeepConf online
         except TimeoutError:
             return growing.branch("deadline")
+        finally:
+            if shown is not None:
+                shown.thought_ends()
         raise EngineError(self.engine.name, "the stream ended without a generation")
 
     def _continuation(
@@ -636,11 +697,25 @@ class ReasoningLoop:
         )
 
     async def _small_answer(
-        self, messages: Sequence[Message], deadline: float | None
+        self, messages: Sequence[Message], deadline: float | None, shown: Shown | None = None
     ) -> Generation:
-        assert self.small is not None
+        """The small engine's greedy answer; with ``shown``, streamed there as the
+        first answer."""
+        small = self.small
+        assert small is not None
         params = SamplingParams(max_tokens=self.settings.round_tokens, temperature=0.0)
-        return await self.small.generate(messages, params, deadline)
+        if shown is None:
+            return await small.generate(messages, params, deadline)
+        try:
+            async with contextlib.aclosing(small.stream(messages, params, deadline)) as events:
+                async for event in events:
+                    if isinstance(event, Generation):
+                        shown.first_answer_whole()
+                        return event
+                    shown.first_answer(event.text)
+        finally:
+            shown.first_answer_ends()
+        raise EngineError(small.name, "the stream ended without a generation")
 
     async def _settle_small(
         self,
@@ -665,6 +740,47 @@ class ReasoningLoop:
         # off mid-sentence is not.
         whole = sample.finish_reason in ("stop", "length")
         return generation if whole and sample.text.strip() else None
+
+
+async def _stopped(task: asyncio.Task[object]) -> None:
+    """``task`` cancelled unless already done, and over."""
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
+
+
+def _judge_first_answer(
+    small: asyncio.Task[Generation], result: LoopResult, kind: AnswerKind, shown: Shown
+) -> FirstAnswerTrace:
+    """What the loop's answer says of the first answer: the same answer, another one,
+    or none at all; a first answer stopped before it was whole is unfinished."""
+    whole = shown.first_answer_whole_ms
+    generation = None if small.cancelled() or small.exception() else small.result()
+    sample = None if generation is None else generation.samples[0]
+    if sample is None or whole is None or sample.finish_reason not in ("stop", "length"):
+        tokens = 0 if sample is None else sample.completion_tokens
+        return FirstAnswerTrace(verdict="unfinished", answer=None, tokens=tokens, whole_ms=None)
+    first = extract(kind, sample.text)
+    if result.trace.fallback == "error":
+        verdict: FirstAnswerVerdict = "withdrawn"
+    else:
+        final = extract(kind, result.text)
+        same = first == final if first is not None else sample.text.strip() == result.text.strip()
+        verdict = "confirmed" if same else "replaced"
+    return FirstAnswerTrace(
+        verdict=verdict, answer=first, tokens=sample.completion_tokens, whole_ms=whole
+    )
+
+
+def _first_answer_note(judged: FirstAnswerTrace, result: LoopResult) -> str:
+    if judged.verdict == "confirmed":
+        return "The loop's answer confirms the first answer.\n"
+    if judged.verdict == "replaced":
+        final = extract(result.trace.kind, result.text)
+        return f"The loop's answer ({final!r}) replaces the first answer ({judged.answer!r}).\n"
+    if judged.verdict == "withdrawn":
+        return "The first answer is withdrawn: the loop has no answer within the deadline.\n"
+    return "The loop answered before the first answer was whole; it was stopped.\n"
 
 
 _KIND_WORDS: dict[AnswerKind, str] = {

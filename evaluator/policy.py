@@ -79,6 +79,11 @@ class LoopSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # Easy questions answered by the small engine go to the loop after all when the
     # calibrator gives that answer less than this; null never escalates.
     escalate_below: Probability | None = None
+    # Stream a provisional first answer from the small engine while the loop thinks
+    # (in reasoning_content, marked; the loop's answer then confirms or replaces it).
+    # Off by default: on a 2-core host the small engine takes CPU from the loop's
+    # branches (docs/benchmarks.md, "Answer while thinking").
+    first_answer: bool = False
 
     def branches_for(self, difficulty: float | None) -> int:
         hard = difficulty is not None and difficulty >= self.hard_difficulty

@@ -12,8 +12,9 @@ import pytest
 from engines.base import Message
 from engines.llama_cpp import LlamaCppEngine
 from evaluator.calibration import Calibrator, calibrator_file, read_calibrator
-from evaluator.loop import Fallback, FallbackSettings, LoopResult, ReasoningLoop, Thinking
+from evaluator.loop import Fallback, FallbackSettings, LoopResult, ReasoningLoop
 from evaluator.policy import LoopSettings
+from evaluator.shown import Thinking
 from evaluator.signals import SignalSettings
 
 QUESTION = [Message("user", "What is the capital of Spain?")]

@@ -21,14 +21,9 @@ import pytest
 from engines.base import EngineOverloaded, Message, SamplingParams
 from engines.scripted import Script, ScriptCall, ScriptedEngine, script
 from evaluator.calibration import Calibrator
-from evaluator.loop import (
-    DEFAULT_FALLBACK,
-    FallbackSettings,
-    LoopResult,
-    ReasoningLoop,
-    Thinking,
-)
+from evaluator.loop import DEFAULT_FALLBACK, FallbackSettings, LoopResult, ReasoningLoop
 from evaluator.policy import LoopSettings
+from evaluator.shown import FIRST_ANSWER_LABEL, Thinking, ThoughtKind
 from evaluator.signals import SignalSettings
 from tests.support import VirtualClock
 
@@ -85,10 +80,25 @@ BY_SHARE = calibrator(8.0, -4.0)
 DOUBTFUL = calibrator(0.0, 0.0)  # 0.5 whatever the branches say
 
 
+class Seen(msgspec.Struct, frozen=True):
+    """Something the loop showed, and when (virtual seconds from its start)."""
+
+    kind: ThoughtKind
+    text: str
+    at: float
+
+
 class Thought(msgspec.Struct, frozen=True):
-    notes: list[str]
+    seen: list[Seen]
     result: LoopResult
     seconds: float  # on the virtual clock, from the start to the result
+
+    @property
+    def notes(self) -> list[str]:
+        return [s.text for s in self.seen if s.kind == "note"]
+
+    def text(self, kind: ThoughtKind) -> str:
+        return "".join(s.text for s in self.seen if s.kind == kind)
 
 
 def think(
@@ -97,20 +107,27 @@ def think(
     deadline_s: float | None = None,
     fallback: FallbackSettings = DEFAULT_FALLBACK,
     difficulty: float | None = None,
+    first_answer: bool = False,
 ) -> Thought:
     async def main() -> Thought:
         started = time.monotonic()
         deadline = None if deadline_s is None else started + deadline_s
-        notes: list[str] = []
+        seen: list[Seen] = []
         result = None
-        events = loop.run(QUESTION, deadline=deadline, fallback=fallback, difficulty=difficulty)
+        events = loop.run(
+            QUESTION,
+            deadline=deadline,
+            fallback=fallback,
+            difficulty=difficulty,
+            first_answer=first_answer,
+        )
         async for event in events:
             if isinstance(event, Thinking):
-                notes.append(event.text)
+                seen.append(Seen(event.kind, event.text, time.monotonic() - started))
             else:
                 result = event
         assert result is not None
-        return Thought(notes, result, time.monotonic() - started)
+        return Thought(seen, result, time.monotonic() - started)
 
     return VirtualClock().run(main())
 
@@ -423,6 +440,101 @@ def test_a_hedge_is_stopped_when_the_loop_answers_in_time() -> None:
     assert [s.finish_reason for s in small.samples] == ["cancelled"]
 
 
+# --- what the loop shows while it thinks ------------------------------------------------
+
+
+def test_the_first_branch_is_shown_token_by_token_while_the_round_runs() -> None:
+    engine = ScriptedEngine([PACED_42, PACED_41])
+    loop = ReasoningLoop(engine, settings(branches=2, max_rounds=1), DOUBTFUL)
+    thought = think(loop)
+    thoughts = [s for s in thought.seen if s.kind == "thought"]
+    # One branch, whole, each token when it came: not the other branch, not at the end.
+    assert thought.text("thought") == "The answer is 42.\n"
+    assert [s.at for s in thoughts[:4]] == pytest.approx([0.1, 0.2, 0.3, 0.4])
+    assert thought.notes[-1].startswith("Round 1: '42', '41'")  # the others, summarised
+    trace = thought.result.trace
+    assert trace.first_shown_ms == pytest.approx(100)
+    assert trace.first_answer is None
+    assert trace.thought_to_output == pytest.approx(2.0)  # 8 tokens for an answer of 4
+
+
+def small_says(text: str, pace: float) -> ScriptedEngine:
+    return ScriptedEngine([sure(text, pace=pace)], name="small", model="small-model")
+
+
+CONFIDENT_AT_ONCE = settings(branches=2, threshold=0.95)  # two sure votes: P 0.98
+
+
+@pytest.mark.parametrize(
+    ("says", "verdict", "answer"), [("42", "confirmed", "42"), ("41", "replaced", "41")]
+)
+def test_a_first_answer_comes_first_and_the_loop_confirms_or_replaces_it(
+    says: str, verdict: str, answer: str
+) -> None:
+    engine, small = ScriptedEngine([PACED_42]), small_says(f"It is {says}.", pace=0.05)
+    loop = ReasoningLoop(engine, CONFIDENT_AT_ONCE, BY_SHARE, small=small)
+    thought = think(loop, first_answer=True)
+    result = thought.result
+    assert result.text == "The answer is 42." and result.trace.stop == "confident"
+    judged = result.trace.first_answer
+    assert judged is not None
+    assert (judged.verdict, judged.answer, judged.tokens) == (verdict, answer, 3)
+    assert judged.whole_ms == pytest.approx(150)
+    assert result.trace.first_shown_ms == pytest.approx(50)
+    # The first answer, labelled, in one piece; the branch's tokens, held while it
+    # streamed, follow it whole; the verdict last.
+    kinds = [s.kind for s in thought.seen]
+    assert kinds.index("first_answer") < kinds.index("thought")
+    first = [i for i, k in enumerate(kinds) if k == "first_answer"]
+    assert first == list(range(first[0], first[-1] + 1))
+    assert thought.text("first_answer") == FIRST_ANSWER_LABEL + f"It is {says}.\n"
+    assert thought.text("thought") == "The answer is 42.\n"
+    assert thought.notes[-1].startswith("The loop's answer")
+    assert ("confirms" in thought.notes[-1]) == (verdict == "confirmed")
+
+
+def test_a_first_answer_the_loop_outpaces_is_stopped_unfinished() -> None:
+    engine, small = ScriptedEngine([PACED_42]), small_says("It is forty two", pace=1.0)
+    loop = ReasoningLoop(engine, CONFIDENT_AT_ONCE, BY_SHARE, small=small)
+    thought = think(loop, first_answer=True)
+    judged = thought.result.trace.first_answer
+    assert judged is not None and judged.verdict == "unfinished" and judged.whole_ms is None
+    assert [s.finish_reason for s in small.samples] == ["cancelled"]
+    assert thought.seconds == pytest.approx(0.4)  # the loop did not wait for it
+    assert thought.text("thought") == "The answer is 42.\n"  # held, then shown
+
+
+def test_a_first_answer_is_the_hedge_the_deadline_falls_back_on() -> None:
+    engine, small = ScriptedEngine([PACED_42, PACED_41]), small_says("It is 42.", pace=0.01)
+    loop = ReasoningLoop(engine, UNDECIDED, BY_SHARE, small=small)
+    fallback = FallbackSettings(policy="small")
+    thought = think(loop, deadline_s=0.7, fallback=fallback, first_answer=True)
+    result = thought.result
+    assert result.trace.fallback == "small" and result.text == "It is 42."
+    assert len(small.calls) == 1  # the first answer's call, not a second one
+    assert result.trace.first_answer is not None
+    assert result.trace.first_answer.verdict == "confirmed"
+
+
+def test_a_first_answer_is_withdrawn_when_the_loop_has_none() -> None:
+    engine, small = ScriptedEngine([PACED_42, PACED_41]), small_says("It is 42.", pace=0.01)
+    loop = ReasoningLoop(engine, UNDECIDED, BY_SHARE, small=small)
+    thought = think(
+        loop, deadline_s=0.7, fallback=FallbackSettings(policy="error"), first_answer=True
+    )
+    judged = thought.result.trace.first_answer
+    assert thought.result.trace.fallback == "error"
+    assert judged is not None and judged.verdict == "withdrawn"
+    assert "withdrawn" in thought.notes[-1]
+
+
+def test_without_a_small_engine_there_is_no_first_answer() -> None:
+    loop = ReasoningLoop(ScriptedEngine([SAYS_42]), CONFIDENT_AT_ONCE, BY_SHARE)
+    thought = think(loop, first_answer=True)
+    assert thought.result.trace.first_answer is None
+    assert thought.text("first_answer") == ""
+
+
 # --- cancellation and overload ---------------------------------------------------------
 
 
@@ -446,6 +558,29 @@ def test_closing_the_loop_stops_every_branch() -> None:
     VirtualClock().run(main())
     assert engine.tokens_generated == 30
     assert [s.finish_reason for s in engine.samples] == ["cancelled"] * 3
+
+
+def test_closing_the_loop_stops_its_first_answer() -> None:
+    engine = ScriptedEngine([sure(" ".join(["word"] * 50), pace=0.1)])
+    small = small_says(" ".join(["small"] * 50), pace=0.1)
+    loop = ReasoningLoop(engine, settings(branches=2, round_tokens=64), DOUBTFUL, small=small)
+
+    async def main() -> list[Thinking]:
+        seen = []
+        events = loop.run(QUESTION, deadline=None, first_answer=True)
+        async for event in events:
+            assert isinstance(event, Thinking)
+            seen.append(event)
+            if len(seen) == 6:
+                break
+        await events.aclose()
+        assert engine.busy_slots == 0 and small.busy_slots == 0
+        return seen
+
+    seen = VirtualClock().run(main())
+    assert [t.kind for t in seen] == ["note", *["first_answer"] * 5]
+    assert [s.finish_reason for s in small.samples] == ["cancelled"]
+    assert [s.finish_reason for s in engine.samples] == ["cancelled"] * 2
 
 
 def test_an_engine_that_is_full_refuses_the_first_round() -> None:

@@ -18,6 +18,7 @@ import msgspec
 
 from engines.base import TokenLogprob
 from evaluator.loop import LoopTrace
+from evaluator.shown import ThoughtKind
 
 # How the cache took part: served the answer (exact, semantic; coalesced: shared from
 # an identical request in flight), looked and missed, was told not to look, or is off.
@@ -128,9 +129,11 @@ class TextDelta(msgspec.Struct, frozen=True):
 
 
 class Reasoning(msgspec.Struct, frozen=True):
-    """The loop's progress, which a stream shows at once (``delta.reasoning_content``)."""
+    """The loop's progress, which a stream shows at once (``delta.reasoning_content``):
+    a note, a branch's tokens, or the provisional first answer."""
 
     text: str
+    kind: ThoughtKind = "note"
 
 
 class Finished(msgspec.Struct, frozen=True):

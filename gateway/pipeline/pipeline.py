@@ -25,7 +25,8 @@ from cache.coalesce import Coalescer, Flight
 from cache.entry import Namespace, context_fingerprint, entry_id, sampling_key
 from cache.semantic_cache import Hit, Miss, SemanticCache
 from engines.base import Delta, Engine, Generation
-from evaluator.loop import Fallback, LoopResult, ReasoningLoop, Thinking
+from evaluator.loop import Fallback, LoopResult, ReasoningLoop
+from evaluator.shown import Thinking
 from gateway.config import AUTO_MODEL
 from gateway.pipeline.answer import Answer, CachePlan, SharedAnswer
 from gateway.pipeline.exchange import Exchange
@@ -346,6 +347,8 @@ class Pipeline:
             fallback=policy.fallback,
             difficulty=decision.difficulty,
             max_tokens=request.params.max_tokens,
+            # A first answer is for a reader of the stream; a whole answer has no "first".
+            first_answer=loop.settings.first_answer and request.stream,
         )
         run = LoopRun(events)
         self.turns.begin(policy.conversation, run)
@@ -461,7 +464,7 @@ async def _thought(
     try:
         async for event in run.events():
             if isinstance(event, Thinking):
-                yield Reasoning(event.text)
+                yield Reasoning(event.text, event.kind)
                 continue
             result = event
             exchange.decide(

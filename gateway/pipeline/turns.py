@@ -9,7 +9,8 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 
-from evaluator.loop import LoopResult, Thinking
+from evaluator.loop import LoopResult
+from evaluator.shown import Thinking
 
 log = logging.getLogger("satisfice.gateway")
 
