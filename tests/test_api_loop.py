@@ -16,6 +16,7 @@ import pytest
 from openai.types.chat import ChatCompletionChunk
 
 from evaluator.calibration import Calibrator, write_calibrator
+from evaluator.shown import FIRST_ANSWER_LABEL
 from evaluator.signals import SignalSettings
 from tests.support import BUNDLED_ENGINES, start_gateway, stop
 
@@ -132,6 +133,73 @@ def test_stream_shows_reasoning_first_then_the_answer(client: openai.OpenAI) -> 
     assert trace["fallback"] == "none" and trace["rounds"]
     assert chunk.usage is not None and chunk.usage.completion_tokens == trace["tokens"]
     assert first_at is not None
+
+
+def test_stream_shows_the_branch_as_it_thinks_and_a_first_answer_first(
+    client: openai.OpenAI,
+) -> None:
+    """With x-satisfice-first-answer, the small model's answer streams first, marked
+    provisional, in reasoning_content; the first branch streams token by token; the
+    content is the loop's answer alone, and the trace says what became of the first."""
+    stream = client.chat.completions.create(
+        model="auto",
+        messages=[{"role": "user", "content": "What is 12 + 30?"}],
+        max_tokens=8,
+        stream=True,
+        extra_headers={"x-satisfice-deadline-ms": "8000",
+                       "x-satisfice-first-answer": "true", "x-satisfice-cache": "bypass"},
+    )  # fmt: skip
+    reasoning: list[str] = []
+    content: list[str] = []
+    trace: dict[str, Any] = {}
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        if text := (delta.model_extra or {}).get("reasoning_content"):
+            assert not content, "reasoning came after the answer"
+            reasoning.append(text)
+        if delta.content:
+            content.append(delta.content)
+        if chunk.choices[0].finish_reason:
+            trace = (chunk.model_extra or {})["satisfice"]
+    shown = "".join(reasoning)
+    assert FIRST_ANSWER_LABEL in shown
+    assert FIRST_ANSWER_LABEL not in "".join(content) and "".join(content).strip()
+    # Beyond the opening note, round notes and the first answer: the branch's tokens,
+    # one piece each.
+    assert len(reasoning) > 2 + 8 + len(trace["rounds"])
+    assert trace["first_answer"]["verdict"] in ("confirmed", "replaced", "unfinished")
+    assert trace["first_shown_ms"] is not None and trace["first_shown_ms"] < trace["elapsed_ms"]
+
+
+def test_a_plain_answer_carries_its_reasoning_on_request(client: openai.OpenAI) -> None:
+    ask = {
+        "model": "auto",
+        "messages": [{"role": "user", "content": "Is the sky blue?"}],
+        "max_tokens": 8,
+    }
+    quick = {"x-satisfice-deadline-ms": "5000", "x-satisfice-cache": "bypass"}
+    plain = client.chat.completions.create(**ask, extra_headers=quick)  # type: ignore[call-overload]
+    assert "reasoning_content" not in (plain.choices[0].message.model_extra or {})
+    reasoned = client.chat.completions.create(  # type: ignore[call-overload]
+        **ask, extra_headers={**quick, "x-satisfice-reasoning": "true"}
+    )
+    message = reasoned.choices[0].message
+    reasoning = (message.model_extra or {})["reasoning_content"]
+    assert reasoning.startswith("Thinking") and "Round 1" in reasoning
+    assert message.content and message.content not in ("", reasoning)
+
+
+@pytest.mark.parametrize("value", ["maybe", "2", ""])
+def test_bad_first_answer_header_is_refused(loop_url: str, value: str) -> None:
+    response = httpx.post(
+        f"{loop_url}/v1/chat/completions",
+        json={"model": "auto", "messages": [{"role": "user", "content": "hi"}]},
+        headers={"x-satisfice-first-answer": value},
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "x-satisfice-first-answer"
 
 
 def test_deadline_header_shortens_the_deadline(loop_url: str) -> None:

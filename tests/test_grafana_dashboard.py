@@ -24,7 +24,7 @@ from cache import create_store
 from cache.semantic_cache import SemanticCache
 from cache.settings import CacheSettings
 from engines import create_engine
-from evaluator.loop import BranchTrace, LoopTrace, RoundTrace
+from evaluator.loop import BranchTrace, FirstAnswerTrace, LoopTrace, RoundTrace
 from gateway.config import load_config
 from gateway.ops.metrics import Metrics
 from gateway.pipeline.exchange import Settled
@@ -111,13 +111,16 @@ def _late_loop_decision() -> Decision:
     round_ = RoundTrace(
         round=1, branches=[branch], answer="4", probability=0.9, tokens=3, seconds=0.1
     )
+    first = FirstAnswerTrace(verdict="confirmed", answer="4", tokens=2, whole_ms=0.5)
     trace = LoopTrace(
         kind="number", rounds=[round_], stop="deadline", fallback="best", confidence=0.9,
-        tokens=3, probe_tokens=0, deadline_ms=1.0, elapsed_ms=2.0,
+        tokens=3, probe_tokens=0, deadline_ms=1.0, elapsed_ms=2.0, first_shown_ms=0.2,
+        thought_to_output=1.0, first_answer=first,
     )  # fmt: skip
     return Decision(
         tenant="default", model="auto", route="loop", engine="large", confidence=0.9,
         loop=trace, deadline=time.monotonic() - 1,  # late: an SLA miss
+        superseded_ms=0.4,  # it stopped the conversation's last turn
     )  # fmt: skip
 
 
@@ -127,6 +130,7 @@ def _record_one_request(metrics: Metrics) -> None:
     settled = Settled(
         request_id=None, key=None, request=None, policy=None, decision=decision, answer=None,
         status=200, error=None, seconds=0.5, ended=time.monotonic(), first_byte_s=0.1, kept=None,
+        first_meaningful_s=0.2,
     )  # fmt: skip
     metrics.settled(settled)
 

@@ -30,7 +30,7 @@ from gateway.api.routes import ending
 from gateway.config import parse_config
 from gateway.pipeline.exchange import Exchange, Settled, Settlement
 from gateway.pipeline.keeping import WriteBack
-from gateway.pipeline.outcome import Event
+from gateway.pipeline.outcome import Event, Reasoning, TextDelta
 from gateway.pipeline.pipeline import Pipeline
 from gateway.pipeline.request import ChatRequest
 from gateway.pipeline.request_policy import CacheControl, Policy, resolve
@@ -65,6 +65,7 @@ class Gateway:
         self.settlement = settlement
         self.cache = cache
         self.settled: list[Settled] = []
+        self.events: list[list[Event]] = []  # what each request was sent, in order
         self.background: set[asyncio.Task[None]] = set()
         self._came = asyncio.Event()
         settlement.subscribe(WriteBack(cache, self._in_background))
@@ -98,6 +99,7 @@ class Gateway:
         )
         exchange.admitted(request, policy)
         events: list[Event] = []
+        self.events.append(events)
         try:
             answering = await self.pipeline.run(request, policy, exchange)
             async with contextlib.aclosing(answering.events) as stream:
@@ -330,3 +332,35 @@ async def test_a_settled_decision_no_longer_changes(embedder: tuple[Embedder, Ro
         exchange.decide(route="large")
     exchange.end(500)  # a second end is no second settlement
     assert gateway.settled == [settled]
+
+
+async def test_a_streamed_loop_shows_a_first_answer_but_serves_and_keeps_its_own(
+    embedder: tuple[Embedder, Router],
+) -> None:
+    paced = script(ANSWER, logprob=-0.1, alternatives=(-3.9,), seconds_per_token=0.05)
+    small = ScriptedEngine([script("It is 41.", seconds_per_token=0.01)], name="small")
+    gateway = _gateway(embedder, small, ScriptedEngine([paced], name="large"))
+    hard = gateway.policy(router_threshold=ALL_LARGE, control=CacheControl(lookup=False))
+    assert hard.loop is not None
+    first_answer = msgspec.structs.replace(
+        hard, loop=msgspec.structs.replace(hard.loop, first_answer=True)
+    )
+    settled = await gateway.settled_for(
+        await gateway.ask(_request("auto", stream=True), first_answer)
+    )
+    events = gateway.events[-1]
+    shown = "".join(e.text for e in events if isinstance(e, Reasoning) and e.kind == "first_answer")
+    assert "It is 41." in shown
+    # The client's answer text and the cache's are the loop's alone.
+    assert [e.text for e in events if isinstance(e, TextDelta)] == [ANSWER]
+    assert settled.answer is not None and settled.answer.texts == (ANSWER,)
+    assert settled.kept is not None and settled.kept.answer.text == ANSWER
+    loop = settled.decision.loop
+    assert loop is not None and loop.first_answer is not None
+    assert loop.first_answer.verdict == "replaced"
+    assert settled.first_meaningful_s is not None and settled.first_byte_s is not None
+    assert settled.first_byte_s <= settled.first_meaningful_s < settled.seconds
+    # A plain request asks for no first answer: there is no one to show it to.
+    plain = await gateway.settled_for(await gateway.ask(_request("auto"), first_answer))
+    assert plain.decision.loop is not None and plain.decision.loop.first_answer is None
+    assert plain.first_meaningful_s is None

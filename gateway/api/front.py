@@ -36,6 +36,7 @@ class Admitted(msgspec.Struct, frozen=True):
     chat: ChatRequest
     policy: Policy
     trace: bool  # the decision trace in a plain answer's body
+    reasoning: bool  # the loop's reasoning in a plain answer's message
 
 
 def open_exchange(
@@ -76,9 +77,10 @@ def admit(
         asked_deadline_ms=asked.deadline_ms,
         control=asked.cache,
         conversation=asked.conversation or user_conversation(data, config),
+        asked_first_answer=asked.first_answer,
     )
     exchange.admitted(chat, policy)
-    return Admitted(chat, policy, asked.trace)
+    return Admitted(chat, policy, asked.trace, asked.reasoning)
 
 
 async def charge(

@@ -17,6 +17,8 @@ CONVERSATION_HEADER = "x-satisfice-conversation"
 CACHE_HEADER = "x-satisfice-cache"
 TRACE_HEADER = "x-satisfice-trace"
 SUPERSEDED_HEADER = "x-satisfice-superseded-ms"
+FIRST_ANSWER_HEADER = "x-satisfice-first-answer"
+REASONING_HEADER = "x-satisfice-reasoning"
 
 
 class RequestHeaders(msgspec.Struct, frozen=True, kw_only=True):
@@ -26,6 +28,10 @@ class RequestHeaders(msgspec.Struct, frozen=True, kw_only=True):
     conversation: str | None  # the conversation a request continues, if it names one
     cache: CacheControl
     trace: bool  # the decision trace in a plain answer's body
+    # A streamed hard question's provisional first answer: on, off, or None (the
+    # tenant's or the config's choice).
+    first_answer: bool | None
+    reasoning: bool  # a plain answer's message carries the loop's reasoning
 
 
 def read_headers(headers: Mapping[str, str]) -> RequestHeaders:
@@ -34,8 +40,29 @@ def read_headers(headers: Mapping[str, str]) -> RequestHeaders:
         deadline_ms=_deadline_ms(headers),
         conversation=headers.get(CONVERSATION_HEADER) or None,
         cache=_cache_control(headers),
-        trace=headers.get(TRACE_HEADER, "").strip().lower() in ("1", "true", "yes"),
+        trace=_yes(headers.get(TRACE_HEADER, "")),
+        first_answer=_switch(headers, FIRST_ANSWER_HEADER),
+        reasoning=_yes(headers.get(REASONING_HEADER, "")),
     )
+
+
+def _yes(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "yes")
+
+
+_SWITCH = {"true": True, "1": True, "yes": True, "on": True}
+_SWITCH |= {"false": False, "0": False, "no": False, "off": False}
+
+
+def _switch(headers: Mapping[str, str], name: str) -> bool | None:
+    """A header that turns something on or off; absent: None; anything else is a 400."""
+    raw = headers.get(name)
+    if raw is None:
+        return None
+    value = _SWITCH.get(raw.strip().lower())
+    if value is None:
+        raise APIError(400, f"{name} is {shown(raw)}; send true or false", param=name)
+    return value
 
 
 # A day: any longer deadline is none at all, and a far larger number would not fit the

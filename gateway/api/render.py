@@ -23,6 +23,7 @@ from gateway.api.wire import (
     ChunkChoice,
     ChunkDelta,
     ErrorResponse,
+    ReasonedMessage,
     ThoughtChunk,
     ThoughtCompletion,
     TokenLogprob,
@@ -44,6 +45,7 @@ class Reply(msgspec.Struct, frozen=True, kw_only=True):
     model: str
     include_usage: bool  # a stream ends with a usage chunk
     trace: bool  # the decision trace in a plain answer's body
+    reasoning: bool = False  # the loop's reasoning in a plain answer's message
 
 
 _random_hex = RandomHex()
@@ -102,10 +104,13 @@ async def completion(answering: Answering, reply: Reply) -> bytes:
     texts: defaultdict[int, list[str]] = defaultdict(list)
     logprobs: defaultdict[int, list[EngineLogprob]] = defaultdict(list)
     asked_logprobs = False
+    reasoning: list[str] = []
     end: Finished | None = None
     async with contextlib.aclosing(answering.events) as events:
         async for event in events:
-            if isinstance(event, TextDelta):
+            if isinstance(event, Reasoning):
+                reasoning.append(event.text)
+            elif isinstance(event, TextDelta):
                 texts[event.index].append(event.text)
                 if event.logprobs is not None:
                     asked_logprobs = True
@@ -117,7 +122,7 @@ async def completion(answering: Answering, reply: Reply) -> bytes:
     choices = [
         Choice(
             index,
-            AssistantMessage("".join(texts[index])),
+            _message("".join(texts[index]), reasoning if reply.reasoning and index == 0 else None),
             reason,
             _logprobs(logprobs[index]) if asked_logprobs else None,
         )
@@ -212,6 +217,14 @@ def _ending(
         parts.append(chunk([], _usage(end)))
     parts.append(SSE_DONE)
     return b"".join(parts)
+
+
+def _message(text: str, reasoning: list[str] | None) -> AssistantMessage:
+    """A choice's message; with ``reasoning`` (asked for, and there was some), the
+    loop's reasoning beside it, in the field reasoning models use."""
+    if not reasoning:
+        return AssistantMessage(text)
+    return ReasonedMessage(text, reasoning_content="".join(reasoning))
 
 
 def _usage(end: Finished) -> Usage:

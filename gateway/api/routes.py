@@ -134,6 +134,7 @@ async def _chat(
         model=data.model,
         include_usage=chat.include_usage,
         trace=admitted.trace,
+        reasoning=admitted.reasoning,
     )
     # From here the work is the engines': it stops when the client leaves (a stream's
     # client, by closing the stream, which ends the exchange).

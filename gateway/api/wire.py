@@ -91,6 +91,13 @@ class AssistantMessage(Struct, frozen=True):
     role: Literal["assistant"] = "assistant"
 
 
+class ReasonedMessage(AssistantMessage, frozen=True, kw_only=True):
+    """An answer of the reasoning loop with the reasoning behind it, asked for with
+    x-satisfice-reasoning (the field reasoning models' servers use)."""
+
+    reasoning_content: str
+
+
 class Choice(Struct, frozen=True):
     index: int
     message: AssistantMessage

@@ -160,6 +160,9 @@ class TenantSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     deadline_ms: dict[str, Milliseconds] = {}
     # This tenant's fallback at the deadline; null: sla.fallback.
     fallback: FallbackSettings | None = None
+    # Whether this tenant's streamed hard questions show a provisional first answer
+    # from the small engine; null: loop.first_answer.
+    first_answer: bool | None = None
 
 
 _NO_OVERRIDES = TenantSettings()

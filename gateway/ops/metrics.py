@@ -30,6 +30,8 @@ CLIENT_CLOSED = 499
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120)
 _ROUNDS = (1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 50)
 _BRANCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+_RATIOS = (1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
+_SWITCH_SECONDS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0)
 _CONFIDENCE = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 
 
@@ -48,6 +50,15 @@ class Metrics:
             "satisfice_time_to_first_byte_seconds",
             "Streamed chat completions: seconds from the request to the first body chunk, "
             "by the route that answered",
+            ["route"],
+            buckets=_SECONDS,
+            registry=registry,
+        )
+        self.interaction = Histogram(
+            "satisfice_interaction_latency_seconds",
+            "Streamed chat completions: seconds from the request to the first token that "
+            "means something to a reader (answer text, a branch's reasoning or a first "
+            "answer; not the loop's status notes), by the route that answered",
             ["route"],
             buckets=_SECONDS,
             registry=registry,
@@ -99,6 +110,25 @@ class Metrics:
             "satisfice_loop_fallbacks",
             "Loop answers given by a fallback at the deadline (best, small or error)",
             ["fallback"],
+            registry=registry,
+        )
+        self.loop_thought_to_output = Histogram(
+            "satisfice_loop_thought_to_output_ratio",
+            "Tokens the reasoning loop generated per token of the answer it gave",
+            buckets=_RATIOS,
+            registry=registry,
+        )
+        self.loop_first_answers = Counter(
+            "satisfice_loop_first_answers",
+            "Provisional first answers the loop's answer judged: confirmed, replaced, "
+            "unfinished (the loop answered first) or withdrawn (no answer in time)",
+            ["verdict"],
+            registry=registry,
+        )
+        self.context_switch = Histogram(
+            "satisfice_context_switch_seconds",
+            "Seconds a new turn of a conversation waited for the last turn's loop to stop",
+            buckets=_SWITCH_SECONDS,
             registry=registry,
         )
         self.config_reloads = Counter(
@@ -163,6 +193,10 @@ class Metrics:
         timed.observe(settled.seconds)
         if settled.first_byte_s is not None:
             self.first_byte.labels(route=decision.route).observe(settled.first_byte_s)
+        if settled.first_meaningful_s is not None:
+            self.interaction.labels(route=decision.route).observe(settled.first_meaningful_s)
+        if decision.superseded_ms is not None:
+            self.context_switch.observe(decision.superseded_ms / 1000)
         if decision.cache == "semantic" and status == 200 and self.semantic_hits is not None:
             self.semantic_hits.labels(tenant=decision.tenant).inc()
         trace = decision.loop
@@ -177,6 +211,10 @@ class Metrics:
             self.loop_stops.labels(reason=trace.stop).inc()
             if trace.fallback != "none":
                 self.loop_fallbacks.labels(fallback=trace.fallback).inc()
+            if trace.thought_to_output is not None:
+                self.loop_thought_to_output.observe(trace.thought_to_output)
+            if trace.first_answer is not None:
+                self.loop_first_answers.labels(verdict=trace.first_answer.verdict).inc()
 
     def connection_refused(self, reason: str) -> None:
         self.connections_refused.labels(reason=reason).inc()

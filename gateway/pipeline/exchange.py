@@ -23,7 +23,7 @@ from collections.abc import AsyncGenerator, Callable
 import msgspec
 
 from gateway.pipeline.answer import Answer, Kept
-from gateway.pipeline.outcome import Decision, Event, Finished, TextDelta
+from gateway.pipeline.outcome import Decision, Event, Finished, Reasoning, TextDelta
 from gateway.pipeline.request import ChatRequest
 from gateway.pipeline.request_policy import Policy
 
@@ -54,6 +54,9 @@ class Settled(msgspec.Struct, frozen=True, kw_only=True):
     seconds: float  # from arrival to the end of the response
     ended: float  # time.monotonic() when the response ended
     first_byte_s: float | None  # a stream's first chunk, from arrival
+    # A stream's first answer text, branch token or first answer (interaction
+    # latency: the loop's status notes do not count), from arrival.
+    first_meaningful_s: float | None = None
     kept: Kept | None  # the whole answer the cache may keep
 
 
@@ -105,6 +108,7 @@ class Exchange:
         self._finished: Finished | None = None
         self._sent_whole: Served | None = None  # an answer sent in one piece
         self._first_byte_s: float | None = None
+        self._first_meaningful_s: float | None = None
         self._holds = 1  # the response's, until ``end``
         self._ended: tuple[int, str | None, float] | None = None
         self.settled = False
@@ -128,6 +132,8 @@ class Exchange:
         """``events`` as they go to the client, each noted as part of the answer served."""
         async with contextlib.aclosing(events):
             async for event in events:
+                if self._first_meaningful_s is None and _meaningful(event):
+                    self._first_meaningful_s = time.monotonic() - self.started
                 if isinstance(event, TextDelta):
                     self._texts.setdefault(event.index, []).append(event.text)
                 elif isinstance(event, Finished):
@@ -183,9 +189,19 @@ class Exchange:
                 seconds=ended - self.started,
                 ended=ended,
                 first_byte_s=self._first_byte_s,
+                first_meaningful_s=self._first_meaningful(ended),
                 kept=self.kept,
             )
         )
+
+    def _first_meaningful(self, ended: float) -> float | None:
+        """A stream's interaction latency; a stream sent whole (a cached answer, one
+        write) means something once it is sent."""
+        if self.request is None or not self.request.stream:
+            return None
+        if self._sent_whole is not None:
+            return ended - self.started
+        return self._first_meaningful_s
 
     def _served(self) -> Served | None:
         if self._sent_whole is not None:
@@ -203,3 +219,8 @@ class Exchange:
             prompt_tokens=end.prompt_tokens,
             completion_tokens=end.completion_tokens,
         )
+
+
+def _meaningful(event: Event) -> bool:
+    """Whether ``event`` means something to a reader: text, not a status note."""
+    return isinstance(event, TextDelta) or (isinstance(event, Reasoning) and event.kind != "note")

@@ -61,9 +61,11 @@ def resolve(
     asked_deadline_ms: int | None = None,
     control: CacheControl = ALL_CACHE,
     conversation: str | None = None,
+    asked_first_answer: bool | None = None,
 ) -> Policy:
     """``config``'s settings for one request of ``tenant``; ``asked_deadline_ms`` only
-    shortens a deadline, never lengthens it."""
+    shortens a deadline, never lengthens it; ``asked_first_answer`` (the request's
+    header) outranks the tenant's and the config's first_answer."""
     own = config.tenant(tenant)
     deadlines = {}
     for engine in config.engines:
@@ -78,6 +80,9 @@ def resolve(
     loop = config.loop
     if loop is not None and own.loop_threshold is not None:
         loop = msgspec.structs.replace(loop, threshold=own.loop_threshold)
+    first_answer = next((f for f in (asked_first_answer, own.first_answer) if f is not None), None)
+    if loop is not None and first_answer is not None:
+        loop = msgspec.structs.replace(loop, first_answer=first_answer)
     router_threshold = own.router_threshold
     if router_threshold is None and config.router is not None:
         router_threshold = config.router.threshold
