@@ -21,7 +21,11 @@ replaced or outran the first answer, and the first answers' own accuracy.
 
     .venv/bin/python bench/answer_while_thinking.py --questions FILE.jsonl \\
         --exclude bench/out/questions.jsonl bench/banks/gsm8k/*.xz \\
-        [--before ../before] [--count 20] [--json FILE]
+        [--before ../before] [--count 20] [--json FILE] [--show]
+
+``--show`` asks the first question once through the official openai client, with a
+first answer, and prints what it renders: the reasoning as it came, and the content,
+all that a client which ignores ``reasoning_content`` sees.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import yaml
 
 from evaluator.answers import LabelledQuestion, is_correct, read_questions
@@ -123,6 +128,7 @@ async def ask(
     meaningful_s = answer_s = None
     content: list[str] = []
     trace: dict[str, Any] = {}
+    error = None
     async with http.stream(
         "POST", f"{url}/v1/chat/completions", json=body, headers=headers, timeout=300
     ) as response:
@@ -131,6 +137,9 @@ async def ask(
             if not line.startswith("data: {"):
                 continue
             chunk = json.loads(line[6:])
+            if "error" in chunk:  # in the stream begun: 504 deadline_exceeded, say
+                error = chunk["error"]["code"]
+                continue
             trace = chunk.get("satisfice", trace)
             if not chunk["choices"]:
                 continue
@@ -145,11 +154,14 @@ async def ask(
                 content.append(text)
     answer = "".join(content)
     first = trace.get("first_answer")
+    # The final answer's time; a stream that ended without one (504 in the stream), its end.
+    final_s = answer_s if answer_s is not None else time.perf_counter() - started
     return {
         "meaningful_s": meaningful_s,
-        "answer_s": answer_s,
+        "answer_s": final_s,
         "correct": is_correct(question, answer),
         "answer": answer,
+        "error": error,
         "rounds": len(trace.get("rounds", [])),
         "fallback": trace.get("fallback"),
         "first_verdict": None if first is None else first["verdict"],
@@ -157,6 +169,37 @@ async def ask(
         "first_correct": None
         if first is None or first["answer"] is None
         else is_correct(question, first["answer"]),
+    }
+
+
+def show(url: str, question: LabelledQuestion) -> dict[str, Any]:
+    """One streamed question through the official openai client, with a first answer:
+    what it renders as reasoning, when, and what a client that reads only
+    ``delta.content`` (as most do) is shown."""
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    started = time.perf_counter()
+    stream = client.chat.completions.create(
+        model="auto",
+        messages=[{"role": "user", "content": question.prompt}],
+        stream=True,
+        extra_headers={**FIRST_ANSWER, "x-satisfice-cache": "bypass"},
+    )
+    reasoning: list[tuple[float, str]] = []
+    content: list[tuple[float, str]] = []
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        delta, at = chunk.choices[0].delta, round(time.perf_counter() - started, 3)
+        if text := (delta.model_extra or {}).get("reasoning_content"):
+            reasoning.append((at, text))
+        if delta.content:
+            content.append((at, delta.content))
+    return {
+        "question": question.prompt,
+        "reasoning_chunks": len(reasoning),
+        "reasoning_first_10": reasoning[:10],
+        "reasoning_text": "".join(t for _, t in reasoning),
+        "content_only_client_sees": [(at, text) for at, text in content],
     }
 
 
@@ -181,6 +224,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "accuracy_95": [round(low, 4), round(high, 4)],
         "rounds_mean": round(statistics.fmean(r["rounds"] for r in rows), 2),
         "fallbacks": dict(Counter(r["fallback"] for r in rows)),
+        "errors": dict(Counter(r["error"] for r in rows if r["error"])),
     }
     verdicts = [r["first_verdict"] for r in rows if r["first_verdict"] is not None]
     if verdicts:
@@ -210,9 +254,9 @@ async def run(
                 url, headers = arms[name]
                 row = await ask(http, url, question, {**headers, "x-satisfice-cache": "bypass"})
                 rows[name].append(row)
-                print(f"{i + 1}/{len(questions)} {name}: first {row['meaningful_s']:.2f} s, "
-                      f"answer {row['answer_s']:.1f} s, correct {row['correct']}",
-                      file=sys.stderr)  # fmt: skip
+                print(f"{i + 1}/{len(questions)} {name}: first {row['meaningful_s']} s, "
+                      f"answer {row['answer_s']} s, correct {row['correct']}, "
+                      f"error {row['error']}", file=sys.stderr)  # fmt: skip
     report: dict[str, Any] = {name: summary(r) for name, r in rows.items()}
     base = "before" if "before" in rows else "live"
     for name in rows:
@@ -240,6 +284,9 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=20)
     parser.add_argument("--before", type=Path, help="an earlier checkout, streamed beside")
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--show", action="store_true", help="one question through the openai client, and stop"
+    )
     args = parser.parse_args()
     questions = held_out(args.questions, args.exclude, args.count)
     with tempfile.TemporaryDirectory() as folder:
@@ -253,6 +300,8 @@ def main() -> None:
                     for url, process in served.values():
                         await _ready(http, url, process)
                 after = served["after"][0]
+                if args.show:
+                    return await asyncio.to_thread(show, after, questions[0])
                 arms = {"live": (after, {}), "first": (after, FIRST_ANSWER)}
                 if "before" in served:
                     arms = {"before": (served["before"][0], {}), **arms}
@@ -263,7 +312,7 @@ def main() -> None:
             for _, process in served.values():
                 process.terminate()
                 process.wait(timeout=30)
-    rows = report.pop("rows")
+    rows = report.pop("rows", [])
     print(json.dumps(report, indent=2))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
