@@ -62,31 +62,34 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     def view(self) -> DecisionView:
         """The decision as the flat fields every reader shows."""
         trace = self.loop
+        # In the view's field order, not by keyword: msgspec matches twenty keywords at
+        # several times the cost of the whole view, and every request's access line
+        # makes one (tests/test_decision_view.py holds each field to its name).
         return DecisionView(
-            tenant=self.tenant,
-            model=self.model,
-            route=self.route,
-            cache=self.cache,
-            cache_stage=self.cache_stage,
-            cache_entry=None if self.cache_entry is None else str(self.cache_entry),
-            similarity=self.similarity,
-            cache_score=self.cache_score,
-            difficulty=self.difficulty,
-            engine=self.engine,
-            failover=self.failover,
-            escalated_from=self.escalated_from,
-            confidence=self.confidence,
-            superseded_ms=self.superseded_ms,
-            engine_ms=None if self.engine_s is None else self.engine_s * 1000,
-            stop=None if trace is None else trace.stop,
-            fallback=None if trace is None else trace.fallback,
-            rounds=None if trace is None else len(trace.rounds),
-            branches=None if trace is None else sum(len(r.branches) for r in trace.rounds),
-            tokens=None if trace is None else trace.tokens,
+            self.tenant,
+            self.model,
+            self.route,
+            self.cache,
+            self.cache_stage,
+            None if self.cache_entry is None else str(self.cache_entry),
+            self.similarity,
+            self.cache_score,
+            self.difficulty,
+            self.engine,
+            self.failover,
+            self.escalated_from,
+            self.confidence,
+            self.superseded_ms,
+            None if self.engine_s is None else self.engine_s * 1000,
+            None if trace is None else trace.stop,
+            None if trace is None else trace.fallback,
+            None if trace is None else len(trace.rounds),
+            None if trace is None else sum(len(r.branches) for r in trace.rounds),
+            None if trace is None else trace.tokens,
         )
 
 
-class DecisionView(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class DecisionView(msgspec.Struct, frozen=True, omit_defaults=True):
     """A decision as flat, named fields: the one view from which the response headers,
     the decision trace a client asks for, the access log and the trace span are all
     derived (gateway.api.headers, gateway.api.render, gateway.ops.logs and .tracing),
