@@ -15,7 +15,6 @@ from an exit.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -83,6 +82,24 @@ class Exchange:
     response (``end``); the pipeline records its decision, the answer as it is sent and
     what the cache may keep, and holds it open while its work outlives the response."""
 
+    __slots__ = (
+        "_ended",
+        "_finished",
+        "_first_byte_s",
+        "_holds",
+        "_sent_whole",
+        "_settlement",
+        "_texts",
+        "decision",
+        "kept",
+        "key",
+        "policy",
+        "request",
+        "request_id",
+        "settled",
+        "started",
+    )
+
     def __init__(
         self,
         settlement: Settlement,
@@ -117,7 +134,7 @@ class Exchange:
         changing it then is a bug."""
         if self.settled:
             raise RuntimeError(f"the decision of a settled request changed: {changes}")
-        self.decision = self.decision.decided(**changes)
+        self.decision = msgspec.structs.replace(self.decision, **changes)
         return self.decision
 
     def keep(self, kept: Kept) -> None:
@@ -126,13 +143,15 @@ class Exchange:
 
     async def sent(self, events: AsyncGenerator[Event]) -> AsyncGenerator[Event]:
         """``events`` as they go to the client, each noted as part of the answer served."""
-        async with contextlib.aclosing(events):
+        try:  # contextlib.aclosing's work, without its context manager's two coroutines
             async for event in events:
                 if isinstance(event, TextDelta):
                     self._texts.setdefault(event.index, []).append(event.text)
                 elif isinstance(event, Finished):
                     self._finished = event
                 yield event
+        finally:
+            await events.aclose()
 
     def sent_whole(self, answer: Answer) -> None:
         """An answer sent in one piece (a cached one, rendered before)."""

@@ -12,7 +12,7 @@ the client can act on, the engine's ``EngineError`` for what the engine could no
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
 
@@ -29,8 +29,9 @@ NO_ROUTE = "error"
 
 class Decision(msgspec.Struct, frozen=True, kw_only=True):
     """What the gateway decided for one request. Frozen: the pipeline makes a new one
-    at each step (``decided``); the response's headers read the one in force when the
-    answer begins, the settled event the complete one (gateway.pipeline.exchange)."""
+    at each step (``Exchange.decide``); the response's headers read the one in force
+    when the answer begins, the settled event the complete one
+    (gateway.pipeline.exchange)."""
 
     tenant: str
     model: str  # the name the client asked for
@@ -54,10 +55,6 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     superseded_ms: float | None = None  # how long the conversation's last turn took to stop
     deadline: float | None = None  # time.monotonic() seconds
     engine_s: float | None = None  # the engine's own time, its queue included
-
-    def decided(self, **changes: Any) -> Decision:
-        """This decision with ``changes``."""
-        return msgspec.structs.replace(self, **changes)
 
     def view(self) -> DecisionView:
         """The decision as the flat fields every reader shows."""
