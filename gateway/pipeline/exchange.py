@@ -153,6 +153,17 @@ class Exchange:
         finally:
             await events.aclose()
 
+    async def told(self, answer: Answer) -> AsyncGenerator[Event]:
+        """An answer in hand (a cached or shared one) as events, each noted as part of
+        the answer served as it goes: what ``sent`` notes of them, with no generator
+        between."""
+        self._texts[0] = [answer.text]
+        yield TextDelta(0, answer.text)
+        self._finished = Finished(
+            (answer.finish_reason,), answer.prompt_tokens, answer.completion_tokens
+        )
+        yield self._finished
+
     def sent_whole(self, answer: Answer) -> None:
         """An answer sent in one piece (a cached one, rendered before)."""
         self._sent_whole = Served(

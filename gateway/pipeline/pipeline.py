@@ -80,7 +80,7 @@ class Pipeline:
         if plan is not None and plan.lookup:
             answer = await self._cached(plan, policy, embedded, request, exchange)
             if answer is not None:
-                return _answering(exchange, _told(answer))
+                return Answering(exchange.decision, exchange.told(answer))
             exchange.decide(cache="miss")
         if policy.control.only_cached:
             raise Refused(
@@ -104,7 +104,7 @@ class Pipeline:
         flight, shared = await self._coalesce(plan, policy, request, engine, decision.deadline)
         if shared is not None:
             exchange.decide(cache="coalesced", route="coalesced", engine=shared.engine)
-            return _answering(exchange, _told(shared.answer))
+            return Answering(exchange.decision, exchange.told(shared.answer))
 
         # 5-7: the answer, and what becomes of it.
         keeper = Keeper(exchange, plan, lambda: embedded.get(may_refuse=False), flight)
