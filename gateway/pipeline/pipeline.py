@@ -70,8 +70,10 @@ class Pipeline:
         when there is no answer to begin."""
         if request.model == AUTO_MODEL and self._router is None:
             raise Refused("model_not_found", "routing is turned off", param="model")
-        # A new turn stops the last one's thinking first: it may be asking the same engines.
-        exchange.decide(superseded_ms=await self.turns.supersede(policy.conversation))
+        # A conversation's new turn stops the last one's thinking first: it may be asking
+        # the same engines.
+        if policy.conversation is not None:
+            exchange.decide(superseded_ms=await self.turns.supersede(policy.conversation))
         plan = self._cache_plan(request, policy)
         embedded = Embedded(self._embedder, request.last_user_turn, self._candidates(request))
 
