@@ -120,9 +120,30 @@ class PlainClient:
     """
 
     def __init__(self, port: int) -> None:
-        self._socket = socket.create_connection(("127.0.0.1", port))
-        self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._port = port
+        self._socket = self._connect()
         self._buffer = b""
+
+    def _connect(self) -> socket.socket:
+        connection = socket.create_connection(("127.0.0.1", self._port))
+        connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return connection
+
+    def open(self) -> None:
+        """Connected again if the server closed the connection while it idled: uvicorn
+        does after keep_alive_timeout_s (5 s), and on a loaded machine the other sides'
+        turns can take that long. Called before a request's clock starts, so that no
+        timed request meets a closed socket or pays for a new one."""
+        self._socket.setblocking(False)
+        try:
+            closed = self._socket.recv(1, socket.MSG_PEEK) == b""
+        except BlockingIOError:  # nothing to read: still open
+            closed = False
+        finally:
+            self._socket.setblocking(True)
+        if closed:
+            self._socket.close()
+            self._socket, self._buffer = self._connect(), b""
 
     def close(self) -> None:
         self._socket.close()
@@ -165,6 +186,7 @@ def _chat_body(question: str) -> dict[str, object]:
 
 async def _via_gateway(plain: PlainClient, question: str) -> Timed:
     body = json.dumps(_chat_body(question)).encode()
+    plain.open()
     started = time.perf_counter()
     # The engine's path, not the cache's: the embedded default caches answers, and
     # every round asks the same questions.
@@ -186,6 +208,7 @@ async def _via_httpx(http: httpx.AsyncClient, question: str) -> Timed:
 
 async def _healthz(plain: PlainClient) -> float:
     """A bare HTTP round trip to the same server: the floor under any gateway overhead."""
+    plain.open()
     started = time.perf_counter()
     status, _, _ = plain.request("GET", "/healthz")
     assert status == 200

@@ -21,8 +21,9 @@ async def require_key(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRou
     runtime: Runtime = connection.app.state.runtime
     # Read together, with no await between them: apply() replaces both at once.
     config, keys = runtime.config, runtime.keys
-    connection.state.config = config
-    connection.state.caller = keys.caller(connection.headers)
+    own = connection.state  # read once: each read builds a new State (and its lock)
+    own.config = config
+    own.caller = keys.caller(connection.headers)
 
 
 async def require_json(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:

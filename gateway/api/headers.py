@@ -9,7 +9,7 @@ from collections.abc import Mapping
 import msgspec
 
 from gateway.api.errors import APIError, shown
-from gateway.pipeline.outcome import Decision
+from gateway.pipeline.outcome import Decision, DecisionView
 from gateway.pipeline.request_policy import CacheControl
 
 DEADLINE_HEADER = "x-satisfice-deadline-ms"
@@ -138,6 +138,12 @@ def _max_age(value: str) -> int:
 # name; every other field ``f`` is the header x-satisfice-<f, with dashes>.
 _NOT_HEADERS = frozenset({"tenant", "model", "route", "engine_ms"})
 _HEADER_NAMES = {"similarity": "x-satisfice-cache-similarity"}
+# Each view field's header, named once here rather than on every response.
+_HEADERS = {
+    name: _HEADER_NAMES.get(name) or "x-satisfice-" + name.replace("_", "-")
+    for name in DecisionView.__struct_fields__
+    if name not in _NOT_HEADERS
+}
 
 
 def decision_headers(decision: Decision) -> dict[str, str]:
@@ -145,11 +151,11 @@ def decision_headers(decision: Decision) -> dict[str, str]:
     begins: for a stream, before the answer; for a plain answer, after it, when the
     loop's trace and the engine's time are known too."""
     view = msgspec.to_builtins(decision.view())
-    headers: dict[str, str] = {}
-    for name, value in view.items():
-        if name not in _NOT_HEADERS:
-            header = _HEADER_NAMES.get(name) or "x-satisfice-" + name.replace("_", "-")
-            headers[header] = _shown_value(name, value)
+    headers = {
+        _HEADERS[name]: _shown_value(name, value)
+        for name, value in view.items()
+        if name in _HEADERS
+    }
     if decision.difficulty is not None:  # routed: the loop's fallback is the loop's route
         thought = decision.route in ("loop", "fallback")
         headers["x-satisfice-route"] = "loop" if thought else decision.route

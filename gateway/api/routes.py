@@ -95,15 +95,17 @@ async def chat_completions(
     data: ChatCompletionRequest, state: State, request: Request[Any, Any, Any]
 ) -> ASGIApp:
     runtime: Runtime = state.runtime
-    caller: Caller = request.state.caller
-    handed: tuple[Exchange, Admitted] | None = request.state.get(HANDED)
+    # Read once: each read of request.state builds a new State (and its lock).
+    own = request.state
+    caller: Caller = own.caller
+    handed: tuple[Exchange, Admitted] | None = own.get(HANDED)
     if handed is None:
         exchange = open_exchange(runtime, tenant=caller.tenant, model=data.model, key=caller.key)
     else:
         exchange = handed[0]
-    request.state[EXCHANGE] = exchange  # ended below, however the request ends
+    own[EXCHANGE] = exchange  # ended below, however the request ends
     try:
-        response = await _chat(state, request, data, exchange, handed)
+        response = await _chat(state, request, data, own.config, caller, exchange, handed)
     except BaseException as exc:
         status, error = ending(exc)
         exchange.end(status, error)
@@ -115,13 +117,13 @@ async def _chat(
     state: State,
     request: Request[Any, Any, Any],
     data: ChatCompletionRequest,
+    config: GatewayConfig,
+    caller: Caller,
     exchange: Exchange,
     handed: tuple[Exchange, Admitted] | None,
 ) -> Response[Any]:
     runtime = _ready(state)
     if handed is None:
-        config: GatewayConfig = request.state.config
-        caller: Caller = request.state.caller
         admitted = admit(runtime, config, caller, data, request.headers, exchange)
         if caller.limits is not None:
             await charge(runtime, config, caller, admitted.chat)

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 REQUEST_ID_HEADER = "x-request-id"
 ACCESS_LOGGER = "satisfice.access"
+# Looked up once: logging.getLogger takes logging's module lock on every call.
+_access_log = logging.getLogger(ACCESS_LOGGER)
 # Longest client-chosen id kept; a longer one is replaced, never cut.
 MAX_REQUEST_ID = 128
 
@@ -240,7 +242,7 @@ def configure_logging(settings: ServerSettings, level: int = logging.INFO) -> No
         root.removeHandler(old)
     root.addHandler(handler(settings.log_format))
     root.setLevel(level)
-    logging.getLogger(ACCESS_LOGGER).setLevel(level if settings.access_log else logging.WARNING)
+    _access_log.setLevel(level if settings.access_log else logging.WARNING)
     # No format here shows a record's thread or process: not looked up for each one.
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
@@ -250,15 +252,14 @@ def configure_logging(settings: ServerSettings, level: int = logging.INFO) -> No
 
 
 def _line(message: str, args: tuple[object, ...], fields: dict[str, object]) -> None:
-    """An INFO line on the access logger, made without looking up the caller's file and
-    line (which logging would, at a third of the line's cost, for nothing here)."""
-    logger = logging.getLogger(ACCESS_LOGGER)
-    if logger.isEnabledFor(logging.INFO):
-        record = logger.makeRecord(ACCESS_LOGGER, logging.INFO, "", 0, message, args, None)
-        # The fields as ``extra`` would set them, less its check of each name against
-        # the record's own (ours are none of them).
-        record.__dict__.update(fields)
-        logger.handle(record)
+    """An INFO line on the access logger (its callers have asked whether it is on),
+    made without looking up the caller's file and line (which logging would, at a
+    third of the line's cost, for nothing here)."""
+    record = _access_log.makeRecord(ACCESS_LOGGER, logging.INFO, "", 0, message, args, None)
+    # The fields as ``extra`` would set them, less its check of each name against the
+    # record's own (ours are none of them).
+    record.__dict__.update(fields)
+    _access_log.handle(record)
 
 
 # What a log line or a span keeps of a name the client chose (an unknown model): enough
@@ -276,6 +277,8 @@ def clipped(name: str) -> str:
 
 def http_access(method: str, path: str, status: int, seconds: float) -> None:
     """The access line of a request other than a chat completion (0: no response began)."""
+    if not _access_log.isEnabledFor(logging.INFO):
+        return  # server.access_log: false
     fields: dict[str, object] = {
         "method": method,
         "path": path,
@@ -288,7 +291,7 @@ def http_access(method: str, path: str, status: int, seconds: float) -> None:
 def access(settled: Settled) -> None:
     """The access line of one chat completion, once it has settled: what answered and
     how (the decision's view), never the text nor the key, only the key's name."""
-    if not logging.getLogger(ACCESS_LOGGER).isEnabledFor(logging.INFO):
+    if not _access_log.isEnabledFor(logging.INFO):
         return  # server.access_log: false
     decision = settled.decision
     fields: dict[str, object] = msgspec.to_builtins(decision.view())  # without the Nones

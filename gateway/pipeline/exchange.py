@@ -15,7 +15,6 @@ from an exit.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -86,6 +85,24 @@ class Exchange:
     response (``end``); the pipeline records its decision, the answer as it is sent and
     what the cache may keep, and holds it open while its work outlives the response."""
 
+    __slots__ = (
+        "_ended",
+        "_finished",
+        "_first_byte_s",
+        "_holds",
+        "_sent_whole",
+        "_settlement",
+        "_texts",
+        "decision",
+        "kept",
+        "key",
+        "policy",
+        "request",
+        "request_id",
+        "settled",
+        "started",
+    )
+
     def __init__(
         self,
         settlement: Settlement,
@@ -121,7 +138,7 @@ class Exchange:
         changing it then is a bug."""
         if self.settled:
             raise RuntimeError(f"the decision of a settled request changed: {changes}")
-        self.decision = self.decision.decided(**changes)
+        self.decision = msgspec.structs.replace(self.decision, **changes)
         return self.decision
 
     def keep(self, kept: Kept) -> None:
@@ -130,7 +147,7 @@ class Exchange:
 
     async def sent(self, events: AsyncGenerator[Event]) -> AsyncGenerator[Event]:
         """``events`` as they go to the client, each noted as part of the answer served."""
-        async with contextlib.aclosing(events):
+        try:  # contextlib.aclosing's work, without its context manager's two coroutines
             async for event in events:
                 if self._first_meaningful_s is None and _meaningful(event):
                     self._first_meaningful_s = time.monotonic() - self.started
@@ -139,6 +156,19 @@ class Exchange:
                 elif isinstance(event, Finished):
                     self._finished = event
                 yield event
+        finally:
+            await events.aclose()
+
+    async def told(self, answer: Answer) -> AsyncGenerator[Event]:
+        """An answer in hand (a cached or shared one) as events, each noted as part of
+        the answer served as it goes: what ``sent`` notes of them, with no generator
+        between."""
+        self._texts[0] = [answer.text]
+        yield TextDelta(0, answer.text)
+        self._finished = Finished(
+            (answer.finish_reason,), answer.prompt_tokens, answer.completion_tokens
+        )
+        yield self._finished
 
     def sent_whole(self, answer: Answer) -> None:
         """An answer sent in one piece (a cached one, rendered before)."""

@@ -12,7 +12,7 @@ the client can act on, the engine's ``EngineError`` for what the engine could no
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
 
@@ -30,8 +30,9 @@ NO_ROUTE = "error"
 
 class Decision(msgspec.Struct, frozen=True, kw_only=True):
     """What the gateway decided for one request. Frozen: the pipeline makes a new one
-    at each step (``decided``); the response's headers read the one in force when the
-    answer begins, the settled event the complete one (gateway.pipeline.exchange)."""
+    at each step (``Exchange.decide``); the response's headers read the one in force
+    when the answer begins, the settled event the complete one
+    (gateway.pipeline.exchange)."""
 
     tenant: str
     model: str  # the name the client asked for
@@ -56,38 +57,37 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     deadline: float | None = None  # time.monotonic() seconds
     engine_s: float | None = None  # the engine's own time, its queue included
 
-    def decided(self, **changes: Any) -> Decision:
-        """This decision with ``changes``."""
-        return msgspec.structs.replace(self, **changes)
-
     def view(self) -> DecisionView:
         """The decision as the flat fields every reader shows."""
         trace = self.loop
+        # In the view's field order, not by keyword: msgspec matches twenty keywords at
+        # several times the cost of the whole view, and every request's access line
+        # makes one (tests/test_decision_view.py holds each field to its name).
         return DecisionView(
-            tenant=self.tenant,
-            model=self.model,
-            route=self.route,
-            cache=self.cache,
-            cache_stage=self.cache_stage,
-            cache_entry=None if self.cache_entry is None else str(self.cache_entry),
-            similarity=self.similarity,
-            cache_score=self.cache_score,
-            difficulty=self.difficulty,
-            engine=self.engine,
-            failover=self.failover,
-            escalated_from=self.escalated_from,
-            confidence=self.confidence,
-            superseded_ms=self.superseded_ms,
-            engine_ms=None if self.engine_s is None else self.engine_s * 1000,
-            stop=None if trace is None else trace.stop,
-            fallback=None if trace is None else trace.fallback,
-            rounds=None if trace is None else len(trace.rounds),
-            branches=None if trace is None else sum(len(r.branches) for r in trace.rounds),
-            tokens=None if trace is None else trace.tokens,
+            self.tenant,
+            self.model,
+            self.route,
+            self.cache,
+            self.cache_stage,
+            None if self.cache_entry is None else str(self.cache_entry),
+            self.similarity,
+            self.cache_score,
+            self.difficulty,
+            self.engine,
+            self.failover,
+            self.escalated_from,
+            self.confidence,
+            self.superseded_ms,
+            None if self.engine_s is None else self.engine_s * 1000,
+            None if trace is None else trace.stop,
+            None if trace is None else trace.fallback,
+            None if trace is None else len(trace.rounds),
+            None if trace is None else sum(len(r.branches) for r in trace.rounds),
+            None if trace is None else trace.tokens,
         )
 
 
-class DecisionView(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class DecisionView(msgspec.Struct, frozen=True, omit_defaults=True):
     """A decision as flat, named fields: the one view from which the response headers,
     the decision trace a client asks for, the access log and the trace span are all
     derived (gateway.api.headers, gateway.api.render, gateway.ops.logs and .tracing),

@@ -71,8 +71,10 @@ class Pipeline:
         when there is no answer to begin."""
         if request.model == AUTO_MODEL and self._router is None:
             raise Refused("model_not_found", "routing is turned off", param="model")
-        # A new turn stops the last one's thinking first: it may be asking the same engines.
-        exchange.decide(superseded_ms=await self.turns.supersede(policy.conversation))
+        # A conversation's new turn stops the last one's thinking first: it may be asking
+        # the same engines.
+        if policy.conversation is not None:
+            exchange.decide(superseded_ms=await self.turns.supersede(policy.conversation))
         plan = self._cache_plan(request, policy)
         embedded = Embedded(self._embedder, request.last_user_turn, self._candidates(request))
 
@@ -81,7 +83,7 @@ class Pipeline:
         if plan is not None and plan.lookup:
             answer = await self._cached(plan, policy, embedded, request, exchange)
             if answer is not None:
-                return _answering(exchange, _told(answer))
+                return Answering(exchange.decision, exchange.told(answer))
             exchange.decide(cache="miss")
         if policy.control.only_cached:
             raise Refused(
@@ -105,7 +107,7 @@ class Pipeline:
         flight, shared = await self._coalesce(plan, policy, request, engine, decision.deadline)
         if shared is not None:
             exchange.decide(cache="coalesced", route="coalesced", engine=shared.engine)
-            return _answering(exchange, _told(shared.answer))
+            return Answering(exchange.decision, exchange.told(shared.answer))
 
         # 5-7: the answer, and what becomes of it.
         keeper = Keeper(exchange, plan, lambda: embedded.get(may_refuse=False), flight)
