@@ -89,6 +89,7 @@ class Exchange:
         "_ended",
         "_finished",
         "_first_byte_s",
+        "_first_meaningful_s",
         "_holds",
         "_sent_whole",
         "_settlement",
@@ -164,6 +165,7 @@ class Exchange:
         the answer served as it goes: what ``sent`` notes of them, with no generator
         between."""
         self._texts[0] = [answer.text]
+        self._first_meaningful_s = time.monotonic() - self.started
         yield TextDelta(0, answer.text)
         self._finished = Finished(
             (answer.finish_reason,), answer.prompt_tokens, answer.completion_tokens
