@@ -518,7 +518,13 @@ class ReasoningLoop:
         tasks = [
             asyncio.create_task(
                 self._branch(
-                    messages, params, deadline, prior, max_tokens, shown if i == 0 else None
+                    messages,
+                    params,
+                    deadline,
+                    prior,
+                    max_tokens,
+                    shown if i == 0 else None,
+                    f"Round {len(run.rounds) + 1}, branch 1 of {len(priors)}:\n",
                 )
             )
             for i, prior in enumerate(priors)
@@ -625,10 +631,11 @@ class ReasoningLoop:
         prior: _Branch | None,
         max_tokens: int | None,
         shown: Shown | None = None,
+        heading: str = "",
     ) -> _Branch:
         """A new branch, or ``prior`` a round further (its text sent back as the start
         of the assistant's turn, which the engine continues); its tokens go to
-        ``shown`` as they come."""
+        ``shown`` as they come, after ``heading``."""
         prompt, own = self._continuation(messages, params, prior, max_tokens)
         cut = self.settings.prune_below
         growing = _Growing(prior, None if cut is None else LowConfidenceWatch(cut, self._signals))
@@ -645,7 +652,10 @@ class ReasoningLoop:
                     pieces.append(event.text)
                     tokens.extend(event.logprobs)
                     if shown is not None:
-                        shown.thought(event.text)
+                        # The heading comes with the first token: a branch that says
+                        # nothing shows nothing.
+                        shown.thought(heading + event.text)
+                        heading = ""
                     if watch is not None and any(watch.feed(t) for t in event.logprobs):
                         return growing.branch("pruned")  # DeepConf online
         except TimeoutError:

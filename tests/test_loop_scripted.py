@@ -449,7 +449,7 @@ def test_the_first_branch_is_shown_token_by_token_while_the_round_runs() -> None
     thought = think(loop)
     thoughts = [s for s in thought.seen if s.kind == "thought"]
     # One branch, whole, each token when it came: not the other branch, not at the end.
-    assert thought.text("thought") == "The answer is 42.\n"
+    assert thought.text("thought") == "Round 1, branch 1 of 2:\nThe answer is 42.\n"
     assert [s.at for s in thoughts[:4]] == pytest.approx([0.1, 0.2, 0.3, 0.4])
     assert thought.notes[-1].startswith("Round 1: '42', '41'")  # the others, summarised
     trace = thought.result.trace
@@ -488,7 +488,7 @@ def test_a_first_answer_comes_first_and_the_loop_confirms_or_replaces_it(
     first = [i for i, k in enumerate(kinds) if k == "first_answer"]
     assert first == list(range(first[0], first[-1] + 1))
     assert thought.text("first_answer") == FIRST_ANSWER_LABEL + f"It is {says}.\n"
-    assert thought.text("thought") == "The answer is 42.\n"
+    assert thought.text("thought") == "Round 1, branch 1 of 2:\nThe answer is 42.\n"
     assert thought.notes[-1].startswith("The loop's answer")
     assert ("confirms" in thought.notes[-1]) == (verdict == "confirmed")
 
@@ -501,7 +501,9 @@ def test_a_first_answer_the_loop_outpaces_is_stopped_unfinished() -> None:
     assert judged is not None and judged.verdict == "unfinished" and judged.whole_ms is None
     assert [s.finish_reason for s in small.samples] == ["cancelled"]
     assert thought.seconds == pytest.approx(0.4)  # the loop did not wait for it
-    assert thought.text("thought") == "The answer is 42.\n"  # held, then shown
+    assert (
+        thought.text("thought") == "Round 1, branch 1 of 2:\nThe answer is 42.\n"
+    )  # held, then shown
 
 
 def test_a_first_answer_is_the_hedge_the_deadline_falls_back_on() -> None:
@@ -600,7 +602,7 @@ def test_an_engine_full_after_a_round_ends_the_loop_with_its_answer() -> None:
         result = None
         other = engine.stream("another client", SamplingParams(n=2))
         async for event in loop.run(QUESTION, deadline=None):
-            if isinstance(event, Thinking) and event.text.startswith("Round 1"):
+            if isinstance(event, Thinking) and event.kind == "note" and "Round 1" in event.text:
                 # Another client takes both slots before round 2, and nothing may wait.
                 await anext(other)
                 assert engine.busy_slots == 2
