@@ -53,8 +53,13 @@ async def test_stops_when_confident(large_engine: LlamaCppEngine) -> None:
     assert result.text.strip()
     assert result.trace.tokens == sum(b.tokens for b in result.trace.rounds[0].branches) > 0
     assert result.completion_tokens == result.trace.tokens
-    # One note before any work, one per round.
-    assert len(notes) == 2 and "4 branches" in notes[0].text
+    # One note before any work, one per round; between them, the first branch as it
+    # was generated, which is the round's first branch in full.
+    said = [n for n in notes if n.kind == "note"]
+    assert len(said) == 2 and "4 branches" in said[0].text
+    shown = "".join(n.text for n in notes if n.kind == "thought")
+    assert shown.startswith("Round 1, branch 1 of 4:\n") and len(shown) > len("Round 1")
+    assert [n.kind for n in notes][-1] == "note" and notes[0].kind == "note"
 
 
 async def test_runs_out_of_rounds_then_tokens(large_engine: LlamaCppEngine) -> None:
