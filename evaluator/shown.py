@@ -45,12 +45,9 @@ class Shown:
         self._queue: asyncio.Queue[Thinking | _RoundOver] = asyncio.Queue()
         self._held: list[Thinking] = []  # a branch's tokens while the first answer streams
         self._first_answer_streaming = False
-        self.started = time.monotonic()
-        self.first_at: float | None = None  # when the first thought or first answer came
+        self._started = time.monotonic()
+        self._first_at: float | None = None  # when the first thought or first answer came
         self._first_answer_whole_at: float | None = None
-
-    def note(self, text: str) -> None:
-        self._queue.put_nowait(Thinking(text))
 
     def thought(self, text: str) -> None:
         """A branch's new tokens."""
@@ -102,15 +99,15 @@ class Shown:
 
     @property
     def first_shown_ms(self) -> float | None:
-        return self._ms(self.first_at)
+        return self._ms(self._first_at)
 
     @property
     def first_answer_whole_ms(self) -> float | None:
         return self._ms(self._first_answer_whole_at)
 
     def _ms(self, at: float | None) -> float | None:
-        return None if at is None else (at - self.started) * 1000
+        return None if at is None else (at - self._started) * 1000
 
     def _meaningful(self) -> None:
-        if self.first_at is None:
-            self.first_at = time.monotonic()
+        if self._first_at is None:
+            self._first_at = time.monotonic()
