@@ -1,0 +1,72 @@
+"""One checked decision: what the outcome store keeps, one record per line or entry."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+# The shortcuts the gateway takes, each checked against the path it skipped:
+# - semantic_hit, exact_hit: a cached answer, against the engine's answer now;
+# - small_route: the small engine's answer, against the large path's (the loop when
+#   it is on, else one pass of the large engine);
+# - early_stop: the loop stopped confident, against the loop run on to its budget;
+# - deadline_fallback: the loop's fallback at the deadline, against the loop without one.
+Shortcut = Literal["semantic_hit", "exact_hit", "small_route", "early_stop", "deadline_fallback"]
+SHORTCUTS: tuple[Shortcut, ...] = (
+    "semantic_hit",
+    "exact_hit",
+    "small_route",
+    "early_stop",
+    "deadline_fallback",
+)
+
+# checked: both answers are in and compared; dropped: sampled, but the engines had no
+# spare capacity (or the check waited too long, or live traffic preempted it); failed:
+# the reference path raised. Only checked records count in estimates; the others say
+# how much of the sample was lost, and why.
+CheckStatus = Literal["checked", "dropped", "failed"]
+
+# shadow: drawn at random by the gateway; feedback: a verdict a caller sent on a
+# response (POST /v1/feedback), which is not a random sample.
+Source = Literal["shadow", "feedback"]
+
+
+class CheckRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A shortcut and what the path it skipped said; or a caller's verdict on an answer."""
+
+    id: str  # unique: a uuid4's hex
+    at: float  # unix seconds, when the record was made
+    source: Source
+    status: CheckStatus = "checked"
+    reason: str | None = None  # why dropped or failed
+    tenant: str
+    request_id: str | None = None
+    shortcut: Shortcut | None = None  # None: feedback on an answer that took none
+    route: str  # the decision's route: exact, semantic, small, large, loop, fallback, ...
+    model: str  # the name the client asked for
+    # The probability with which this request was drawn for checking, given its
+    # shortcut and tenant (a Horvitz-Thompson weight is 1/probability). 1.0 for feedback.
+    probability: float
+    policy: str  # the policy version that decided
+    prompt: str  # the last user turn
+    context: str | None = None  # the fingerprint of the turns before it, when any
+    answer: str  # the shortcut's answer, as served
+    reference: str | None = None  # the skipped path's answer
+    reference_route: str | None = None  # what answered it: large, loop, loop_to_budget, ...
+    reference_tokens: int | None = None
+    reference_ms: float | None = None
+    # The comparator's: the answer kind it compared as (number, choice, yesno, text),
+    # each side's extracted answer and whether they agree (None: it could not tell).
+    kind: str | None = None
+    answer_extracted: str | None = None
+    reference_extracted: str | None = None
+    agree: bool | None = None
+    # What the shortcut was decided on.
+    confidence: float | None = None  # the evaluator's calibrated P(correct)
+    difficulty: float | None = None  # the router's score
+    similarity: float | None = None  # a semantic hit's
+    cache_score: float | None = None  # the verifier's P(same answer)
+    stop: str | None = None  # the loop's stop reason
+    # A caller's verdict (feedback): the answer was right or wrong.
+    verdict: Literal["right", "wrong"] | None = None
