@@ -71,7 +71,8 @@ class OutcomeStore(Protocol):
 
     async def tail(self) -> list[CheckRecord]:
         """The records added by any process since this object's last ``tail()``, in the
-        order they were added; the first call returns every record kept."""
+        order they were added; the first call returns every record kept. One caller at
+        a time: the position is the object's."""
         ...
 
     async def close(self) -> None: ...
