@@ -15,6 +15,11 @@ from engines.failover import FailoverEngine
 from engines.native_check import LlamaCppUnusable
 from evaluator.calibration import calibrator_file, read_calibrator
 from evaluator.loop import ReasoningLoop
+from gateway.checks.estimates import LiveEstimates
+from gateway.checks.recent import RecentAnswers
+from gateway.checks.settings import ShadowSettings
+from gateway.checks.shadow import ShadowChecks
+from gateway.checks.store import create_outcome_store
 from gateway.config import GatewayConfig
 from gateway.ops import logs
 from gateway.ops.keys import KeyTable
@@ -27,6 +32,9 @@ from router.embedder import Embedder
 from router.router import Router
 
 log = logging.getLogger("satisfice.gateway")
+
+# How often the live estimates read what was added to the outcome store.
+OUTCOMES_POLL_S = 5.0
 
 
 class Runtime:
@@ -91,6 +99,26 @@ class Runtime:
         if self.cache is not None:
             self.settlement.subscribe(WriteBack(self.cache, self.in_background))
             self.settlement.subscribe(self._remember_semantic_hit)
+        self.settlement.subscribe(self.pipeline.live.settled)
+        # Shadow checks: off until the config gives a share (a reload may turn them on).
+        # Feedback verdicts go to the same outcome store, checks on or off.
+        shadow = config.shadow or ShadowSettings()
+        self.outcomes = create_outcome_store(shadow, config.cache)
+        self.estimates = LiveEstimates()
+        self.checks = ShadowChecks(
+            self.pipeline,
+            self.outcomes,
+            shadow,
+            share_of=lambda tenant, shortcut: self.config.shadow_share(tenant, shortcut),
+            policy_version=lambda: self.policy_version,
+            recorded=self.metrics.checked,
+        )
+        self.settlement.subscribe(self.checks.settled)
+        # Answers this replica gave, for verdicts on them by request id.
+        self.recent_answers = RecentAnswers()
+        self.settlement.subscribe(self.recent_answers.settled)
+        self._follower: asyncio.Task[None] | None = None
+        self.policy_version = "shipped"
         self.ready = False
         self.failure: str | None = None
 
@@ -107,6 +135,7 @@ class Runtime:
         if self.loop is not None and config.loop is not None:
             # A running loop keeps the copy it started with.
             self.loop = self.loop.tuned(config.loop)
+        self.checks.settings = config.shadow or ShadowSettings()
 
     def _remember_semantic_hit(self, settled: Settled) -> None:
         """A semantic hit served, kept for feedback on it by request id."""
@@ -140,8 +169,21 @@ class Runtime:
             self.failure = f"{type(exc).__name__}: {exc}"
             log.exception("failed to start")
             return
+        self.checks.start()
+        self._follower = asyncio.get_running_loop().create_task(self._follow_outcomes())
         self.ready = True
         log.info("ready: %s", ", ".join(self.engines))
+
+    async def _follow_outcomes(self) -> None:
+        """Keep the live estimates in step with the outcome store: what this replica
+        and every other one recorded (a shared store), read as it comes."""
+        while True:
+            try:
+                for record in await self.outcomes.tail():
+                    self.estimates.add(record)
+            except Exception:
+                log.exception("the outcome store could not be read; estimates wait")
+            await asyncio.sleep(OUTCOMES_POLL_S)
 
     def in_background(self, task: asyncio.Task[None]) -> None:
         self.background.add(task)
@@ -149,10 +191,15 @@ class Runtime:
 
     async def close(self) -> None:
         self.ready = False
+        await self.checks.close()
+        if self._follower is not None:
+            self._follower.cancel()
+            await asyncio.gather(self._follower, return_exceptions=True)
         if self.background:
             await asyncio.wait(self.background, timeout=5)
         closing = [engine.close() for engine in self.engines.values()]
         closing.append(self.limiter.close())
+        closing.append(self.outcomes.close())
         if self.cache is not None:
             closing.append(self.cache.close())
         if self.embedder is not None:

@@ -50,7 +50,7 @@ class CheckRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     probability: float
     policy: str  # the policy version that decided
     prompt: str  # the last user turn
-    context: str | None = None  # the fingerprint of the turns before it, when any
+    context: str | None = None  # the turns before it (role: text, a line each), if any
     answer: str  # the shortcut's answer, as served
     reference: str | None = None  # the skipped path's answer
     reference_route: str | None = None  # what answered it: large, loop, loop_to_budget, ...

@@ -23,7 +23,7 @@ from gateway.checks.estimates import (
 from gateway.checks.record import CheckRecord
 from gateway.checks.settings import ShadowSettings
 from gateway.checks.store import FileOutcomes, OutcomeStore, create_outcome_store
-from gateway.config import GatewayConfig, load_config
+from gateway.config import load_config
 
 _NONE = "-"
 
@@ -35,17 +35,11 @@ def _hours(text: str) -> float:
     return value
 
 
-def _shadow(config: GatewayConfig) -> ShadowSettings:
-    # The config's `shadow` section, once it has one; the defaults until then.
-    settings = getattr(config, "shadow", None)
-    return settings if isinstance(settings, ShadowSettings) else ShadowSettings()
-
-
 def _store(args: argparse.Namespace) -> OutcomeStore:
     if args.outcomes is not None:
         return FileOutcomes(args.outcomes, max_bytes=ShadowSettings().outcomes_max_bytes)
     config = load_config(args.config)
-    return create_outcome_store(_shadow(config), config.cache)
+    return create_outcome_store(config.shadow or ShadowSettings(), config.cache)
 
 
 def quality(args: argparse.Namespace) -> int:

@@ -20,6 +20,8 @@ from cache.settings import CacheSettings
 from engines.settings import EngineSettings
 from evaluator.loop import FallbackSettings
 from evaluator.policy import LoopSettings
+from gateway.checks.record import Shortcut
+from gateway.checks.settings import ShadowSettings, Share
 from router.embedder import EmbedderSettings
 from router.settings import RouterSettings
 
@@ -163,6 +165,12 @@ class TenantSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     # Whether this tenant's streamed hard questions show a provisional first answer
     # from the small engine; null: loop.first_answer.
     first_answer: bool | None = None
+    # The share of this tenant's shortcuts checked in the background, for every
+    # shortcut; null: shadow.share (needs the shadow section).
+    shadow_share: Share | None = None
+    # Per shortcut, this tenant's share in place of shadow_share and the shadow
+    # section's shares.
+    shadow_shares: dict[Shortcut, Share] = {}
 
 
 _NO_OVERRIDES = TenantSettings()
@@ -244,6 +252,9 @@ class GatewayConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     tenants: dict[str, TenantSettings] = {}
     # API keys, the tenant each speaks for, and their rate limits.
     auth: AuthSettings = AuthSettings()
+    # Shadow checks of the gateway's shortcuts, and the outcome store they are kept
+    # in; without it, no checks (a tenant's shadow_share needs it).
+    shadow: ShadowSettings | None = None
 
     def __post_init__(self) -> None:
         if not self.engines:
@@ -255,6 +266,10 @@ class GatewayConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
             raise ValueError("loop: needs a router, which decides what is hard")
         self._check_tenant_names()
         self._check_deadline_tiers()
+        if self.shadow is None:
+            for name, own in self.tenants.items():
+                if own.shadow_share is not None or own.shadow_shares:
+                    raise ValueError(f"tenants.{name}: a shadow share needs the shadow section")
         if self.server.default_max_tokens > self.server.max_tokens_cap:
             raise ValueError("server.default_max_tokens must not exceed server.max_tokens_cap")
 
@@ -303,6 +318,20 @@ class GatewayConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
 
     def fallback(self, tenant: str) -> FallbackSettings:
         return self.tenant(tenant).fallback or self.sla.fallback
+
+    def shadow_share(self, tenant: str, shortcut: Shortcut) -> float:
+        """The share of ``tenant``'s ``shortcut`` answers checked in the background: the
+        most specific setting wins (tenant per shortcut, tenant, shadow per shortcut,
+        shadow)."""
+        shadow = self.shadow
+        if shadow is None:
+            return 0.0
+        own = self.tenant(tenant)
+        if shortcut in own.shadow_shares:
+            return own.shadow_shares[shortcut]
+        if own.shadow_share is not None:
+            return own.shadow_share
+        return shadow.share_of(shortcut)
 
 
 class ConfigError(ValueError):

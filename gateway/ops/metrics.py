@@ -19,6 +19,7 @@ from engines.base import Engine
 from engines.failover import FailoverEngine
 from engines.fanout import FanOutEngine
 from engines.openai_http import OpenAIHTTPEngine
+from gateway.checks.record import CheckRecord
 from gateway.pipeline.exchange import Settled
 
 # The text format Prometheus has always scraped (generate_latest writes it).
@@ -170,6 +171,14 @@ class Metrics:
             # The tenant of requests without a key has its series from the first scrape.
             self.semantic_hits.labels(tenant="default")
             self.false_hits.labels(tenant="default")
+        self.shadow_checks = Counter(
+            "satisfice_shadow_checks",
+            "Shortcuts drawn for a background check against the path they skipped, by "
+            "tenant, shortcut and what became of the check: checked, dropped (reason: "
+            "queue_full, stale, preempted by live traffic, busy engines, stopped) or failed",
+            ["tenant", "shortcut", "status", "reason"],
+            registry=registry,
+        )
         registry.register(_Collected(engines, cache))
         self._by_route: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
 
@@ -222,6 +231,13 @@ class Metrics:
     def false_hit_reported(self, tenant: str) -> None:
         if self.false_hits is not None:
             self.false_hits.labels(tenant=tenant).inc()
+
+    def checked(self, record: CheckRecord) -> None:
+        """A shadow check's record was made."""
+        # A failure's reason is free text; a drop's is one of a few words.
+        reason = record.reason or "" if record.status == "dropped" else ""
+        labels = (record.tenant, record.shortcut or "none", record.status, reason)
+        self.shadow_checks.labels(*labels).inc()
 
     def reloaded(self, *, ok: bool) -> None:
         self.config_reloads.labels(result="success" if ok else "failure").inc()

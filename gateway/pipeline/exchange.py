@@ -57,6 +57,8 @@ class Settled(msgspec.Struct, frozen=True, kw_only=True):
     # latency: the loop's status notes do not count), from arrival.
     first_meaningful_s: float | None = None
     kept: Kept | None  # the whole answer the cache may keep
+    # Whether an engine or the loop was set to work for it (not a cached or shared answer).
+    generated: bool = False
 
 
 Subscriber = Callable[[Settled], None]
@@ -95,6 +97,7 @@ class Exchange:
         "_settlement",
         "_texts",
         "decision",
+        "generated",
         "kept",
         "key",
         "policy",
@@ -122,6 +125,7 @@ class Exchange:
         self.request: ChatRequest | None = None
         self.policy: Policy | None = None
         self.kept: Kept | None = None
+        self.generated = False  # set by the pipeline as it hands the request to an engine
         self._texts: dict[int, list[str]] = {}  # a streamed answer's, as sent
         self._finished: Finished | None = None
         self._sent_whole: Served | None = None  # an answer sent in one piece
@@ -223,6 +227,7 @@ class Exchange:
                 first_byte_s=self._first_byte_s,
                 first_meaningful_s=self._first_meaningful(ended),
                 kept=self.kept,
+                generated=self.generated,
             )
         )
 

@@ -25,13 +25,14 @@ from cache.coalesce import Coalescer, Flight
 from cache.entry import Namespace, context_fingerprint, entry_id, sampling_key
 from cache.semantic_cache import Hit, Miss, SemanticCache
 from engines.base import Delta, Engine, Generation
-from evaluator.loop import Fallback, LoopResult, ReasoningLoop
+from evaluator.loop import Fallback, LoopResult, LoopTrace, ReasoningLoop
 from evaluator.shown import Thinking
 from gateway.config import AUTO_MODEL
 from gateway.pipeline.answer import Answer, CachePlan, SharedAnswer
-from gateway.pipeline.exchange import Exchange
+from gateway.pipeline.exchange import Exchange, Settlement
 from gateway.pipeline.keeping import Keeper
 from gateway.pipeline.lead import Lead
+from gateway.pipeline.live import LiveWork
 from gateway.pipeline.outcome import Answering, Event, Finished, Reasoning, Refused, TextDelta
 from gateway.pipeline.request import ChatRequest
 from gateway.pipeline.request_policy import Policy
@@ -63,6 +64,7 @@ class Pipeline:
         self._loop = loop
         self.turns = Turns()
         self._flights: Coalescer[SharedAnswer] = Coalescer()
+        self.live = LiveWork()
 
     async def run(self, request: ChatRequest, policy: Policy, exchange: Exchange) -> Answering:
         """``request``'s answer as events, with the decision as it stands when the answer
@@ -110,11 +112,55 @@ class Pipeline:
             return Answering(exchange.decision, exchange.told(shared.answer))
 
         # 5-7: the answer, and what becomes of it.
+        exchange.generated = True
+        self.live.begin()
         keeper = Keeper(exchange, plan, lambda: embedded.get(may_refuse=False), flight)
         answering = self._answer(request, policy, route, engine, exchange, keeper)
         if flight is not None:  # identical requests wait for this answer too
             return _answering(exchange, await Lead(flight, keeper, exchange, answering).events())
         return _answering(exchange, await answering)
+
+    async def reference(self, request: ChatRequest, policy: Policy, *, large: bool) -> Reference:
+        """What ``request`` is answered when no shortcut is taken: neither cache read nor
+        written, no identical request's answer shared, no earlier turn stopped; routed
+        as the router decides, or to the large tier when ``large``. For background
+        checks of shortcuts (gateway.checks): it is not live work, and its exchange
+        settles where no subscriber hears it."""
+        policy = msgspec.structs.replace(policy, cache=None, conversation=None)
+        request = msgspec.structs.replace(request, stream=False)
+        exchange = Exchange(Settlement(), tenant=policy.tenant, model=request.model, key=None,
+                            request_id=None, started=policy.arrived)  # fmt: skip
+        exchange.admitted(request, policy)
+        route = None
+        if request.model == AUTO_MODEL:
+            route = await self._route(Embedded(self._embedder, request.last_user_turn, []), policy)
+            router = self._router
+            assert router is not None
+            if large and route.tier != "large":
+                route = msgspec.structs.replace(
+                    route, tier="large", engine=router.settings.large_engine
+                )
+        engine = self._engines[route.engine if route is not None else request.model]
+        exchange.decide(
+            route=route.tier if route is not None else engine.name,
+            engine=engine.name,
+            deadline=policy.deadline(engine.name),
+        )
+        keeper = Keeper(exchange, None, _never_embedded, None)  # nothing is kept
+        texts: list[str] = []
+        tokens = 0
+        try:
+            events = await self._answer(request, policy, route, engine, exchange, keeper)
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    if isinstance(event, TextDelta) and event.index == 0:
+                        texts.append(event.text)
+                    elif isinstance(event, Finished):
+                        tokens = event.completion_tokens
+        finally:
+            exchange.end(200)
+        decision = exchange.decision
+        return Reference("".join(texts), decision.route, decision.engine, tokens, decision.loop)
 
     def exact_at_hand(
         self, request: ChatRequest, policy: Policy, exchange: Exchange
@@ -527,6 +573,20 @@ def token_confidence(generation: Generation) -> float:
     if not logprobs:
         return 0.0
     return math.exp(sum(t.logprob for t in logprobs) / len(logprobs))
+
+
+async def _never_embedded() -> Embedding:
+    raise RuntimeError("a reference answer is never kept, so never embedded")
+
+
+class Reference(msgspec.Struct, frozen=True):
+    """The answer of the path no shortcut was taken on (``Pipeline.reference``)."""
+
+    text: str
+    route: str  # the tier or engine that answered, loop, or fallback
+    engine: str | None
+    completion_tokens: int
+    loop: LoopTrace | None
 
 
 class Embedded:

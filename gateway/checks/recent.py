@@ -1,0 +1,98 @@
+"""The answers a replica gave lately, so that a verdict on one can name it by the
+request id it came with (POST /v1/feedback)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import OrderedDict
+
+import msgspec
+
+from gateway.checks.record import CheckRecord, Shortcut
+from gateway.checks.shadow import shortcut_of
+from gateway.pipeline.exchange import Settled
+
+# Answers remembered per tenant and replica: a few KB each at most (texts are cut), so
+# a tenant's memory stays under ~25 MB; per tenant, so one tenant's traffic never
+# pushes out another's.
+RECENT_ANSWERS_PER_TENANT = 5_000
+# The longest prompt or answer text kept, in characters.
+KEPT_CHARS = 2_000
+
+
+class Answered(msgspec.Struct, frozen=True, kw_only=True):
+    """What a verdict on an answer is recorded with."""
+
+    route: str
+    model: str
+    shortcut: Shortcut | None
+    prompt: str
+    answer: str
+    confidence: float | None
+    difficulty: float | None
+    similarity: float | None
+    cache_score: float | None
+    stop: str | None
+
+
+class RecentAnswers:
+    """Each tenant's last answers on this replica, by request id; oldest forgotten first.
+    A settlement subscriber."""
+
+    def __init__(self, capacity: int = RECENT_ANSWERS_PER_TENANT) -> None:
+        self.capacity = capacity
+        self._answers: dict[str, OrderedDict[str, Answered]] = {}
+
+    def settled(self, settled: Settled) -> None:
+        answer, request, rid = settled.answer, settled.request, settled.request_id
+        if settled.status != 200 or answer is None or request is None or rid is None:
+            return
+        decision = settled.decision
+        trace = decision.loop
+        answers = self._answers.setdefault(decision.tenant, OrderedDict())
+        answers[rid] = Answered(
+            route=decision.route,
+            model=decision.model,
+            shortcut=shortcut_of(settled),
+            prompt=request.last_user_turn[:KEPT_CHARS],
+            answer=answer.texts[0][:KEPT_CHARS] if answer.texts else "",
+            confidence=decision.confidence,
+            difficulty=decision.difficulty,
+            similarity=decision.similarity,
+            cache_score=decision.cache_score,
+            stop=None if trace is None else trace.stop,
+        )
+        answers.move_to_end(rid)
+        while len(answers) > self.capacity:
+            answers.popitem(last=False)
+
+    def get(self, tenant: str, request_id: str) -> Answered | None:
+        answers = self._answers.get(tenant)
+        return None if answers is None else answers.get(request_id)
+
+
+def verdict_record(
+    tenant: str, request_id: str, verdict: str, answered: Answered, policy: str
+) -> CheckRecord:
+    """A caller's verdict on an answer, as the outcome store keeps it."""
+    return CheckRecord(
+        id=uuid.uuid4().hex,
+        at=time.time(),
+        source="feedback",
+        tenant=tenant,
+        request_id=request_id,
+        shortcut=answered.shortcut,
+        route=answered.route,
+        model=answered.model,
+        probability=1.0,
+        policy=policy,
+        prompt=answered.prompt,
+        answer=answered.answer,
+        confidence=answered.confidence,
+        difficulty=answered.difficulty,
+        similarity=answered.similarity,
+        cache_score=answered.cache_score,
+        stop=answered.stop,
+        verdict="right" if verdict == "right" else "wrong",
+    )
