@@ -157,7 +157,10 @@ async def test_an_early_stop_is_checked_against_the_loop_run_on_to_its_budget(
     embedder: tuple[Embedder, Router], tmp_path: Path
 ) -> None:
     large = ScriptedEngine([SURE], name="large")
-    checking = await _checking(embedder, tmp_path, ScriptedEngine([SURE], name="small"), large)
+    checking = await _checking(
+        embedder, tmp_path, ScriptedEngine([SURE], name="small"), large,
+        shares={"large_route": 0.0},
+    )  # fmt: skip
     gateway = checking.gateway
     policy = gateway.policy(
         router_threshold=ALL_LARGE, control=CacheControl(lookup=False, store=False)
@@ -172,6 +175,28 @@ async def test_an_early_stop_is_checked_against_the_loop_run_on_to_its_budget(
     assert record.stop == "confident" and record.confidence is not None
     # The check ran every round the live request's loop skipped: 2 rounds of 2 branches.
     assert len(large.calls) == 2 + 4
+
+
+async def test_a_large_answer_is_checked_against_the_small_engine_for_the_router_to_learn(
+    embedder: tuple[Embedder, Router], tmp_path: Path
+) -> None:
+    small = ScriptedEngine([WRONG], name="small")
+    checking = await _checking(embedder, tmp_path, small, ScriptedEngine([SURE], name="large"))
+    gateway = checking.gateway
+    policy = gateway.policy(
+        router_threshold=ALL_LARGE, loop=None, control=CacheControl(lookup=False, store=False)
+    )
+    settled = await gateway.settled_for(await gateway.ask(_request("auto"), policy))
+    assert settled.decision.route == "large"
+    # A request that named its engine took no route, and is not drawn.
+    await gateway.settled_for(await gateway.ask(_request("large"), policy))
+    (record,) = await checking.recorded(1)
+    assert (record.shortcut, record.reference_route, record.agree) == (
+        "large_route",
+        "small",
+        False,
+    )
+    assert record.difficulty is not None and len(small.calls) == 1
 
 
 async def test_a_live_request_stops_a_running_check_at_once(

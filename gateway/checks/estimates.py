@@ -38,6 +38,7 @@ MEANING: Final[dict[Shortcut, str]] = {
     "small_route": "regret: the large path would change the answer",
     "early_stop": "flip: running on to the budget changes the answer",
     "deadline_fallback": "disagreement with the loop without a deadline",
+    "large_route": "the small engine would change the large path's answer",
 }
 
 AGREEMENT_NOTE: Final = (

@@ -10,7 +10,7 @@ from collections import OrderedDict
 import msgspec
 
 from gateway.checks.record import CheckRecord, Shortcut
-from gateway.checks.shadow import shortcut_of
+from gateway.checks.shadow import shortcuts_of
 from gateway.pipeline.exchange import Settled
 
 # Answers remembered per tenant and replica: a few KB each at most (texts are cut), so
@@ -54,7 +54,7 @@ class RecentAnswers:
         answers[rid] = Answered(
             route=decision.route,
             model=decision.model,
-            shortcut=shortcut_of(settled),
+            shortcut=next(iter(shortcuts_of(settled)), None),
             prompt=request.last_user_turn[:KEPT_CHARS],
             answer=answer.texts[0][:KEPT_CHARS] if answer.texts else "",
             confidence=decision.confidence,

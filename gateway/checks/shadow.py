@@ -29,6 +29,7 @@ from gateway.checks.store import OutcomeStore
 from gateway.pipeline.exchange import Settled
 from gateway.pipeline.pipeline import Pipeline, Reference
 from gateway.pipeline.request import ChatRequest
+from router.router import Tier
 
 log = logging.getLogger("satisfice.checks")
 
@@ -36,29 +37,42 @@ log = logging.getLogger("satisfice.checks")
 DROP_REASONS = ("queue_full", "stale", "preempted", "busy", "stopped")
 
 
-def shortcut_of(settled: Settled) -> Shortcut | None:
-    """The shortcut a settled request's answer took, if it is one a check can judge: a
-    whole, single answer, served with status 200."""
+def shortcuts_of(settled: Settled) -> tuple[Shortcut, ...]:
+    """The shortcuts a settled request's answer took (each drawn for a check on its
+    own), when a check can judge its answer: a whole, single answer, served with 200."""
     answer, request = settled.answer, settled.request
     if settled.status != 200 or answer is None or request is None or settled.policy is None:
-        return None
+        return ()
     if len(answer.texts) != 1 or answer.finish_reasons != ("stop",):
-        return None
+        return ()
     decision = settled.decision
     if decision.cache == "exact":
-        return "exact_hit"
+        return ("exact_hit",)
     if decision.cache == "semantic":
-        return "semantic_hit"
+        return ("semantic_hit",)
+    if decision.difficulty is None:  # the client named its engine: nothing was routed
+        return ()
     trace = decision.loop
-    if trace is not None:
-        if trace.fallback != "none":
-            return "deadline_fallback"
-        if trace.stop in ("confident", "no_gain"):
-            return "early_stop"
-        return None
+    if trace is not None and trace.fallback != "none":
+        return ("deadline_fallback",)
+    if trace is not None and trace.stop in ("confident", "no_gain"):
+        return ("early_stop", "large_route")
+    if decision.route in ("loop", "large"):
+        return ("large_route",)
     if decision.route == "small" and decision.escalated_from is None:
-        return "small_route"
-    return None
+        return ("small_route",)
+    return ()
+
+
+# The tier that answers a check of each shortcut (None: as the router decides).
+_REFERENCE_TIER: dict[Shortcut, Tier | None] = {
+    "semantic_hit": None,
+    "exact_hit": None,
+    "small_route": "large",
+    "early_stop": "large",
+    "deadline_fallback": "large",
+    "large_route": "small",
+}
 
 
 class Drawn(msgspec.Struct, frozen=True):
@@ -108,20 +122,17 @@ class ShadowChecks:
 
     def settled(self, settled: Settled) -> None:
         """A settlement subscriber: draw the request for a check, or not."""
-        shortcut = shortcut_of(settled)
-        if shortcut is None:
-            return
-        share = self.share_of(settled.decision.tenant, shortcut)
-        if share <= 0.0 or self._rng.random() >= share:
-            return
-        drawn = Drawn(settled, shortcut, share, time.monotonic())
-        if self._worker is None:
-            self._dropped(drawn, "stopped")
-            return
-        if self._queue.qsize() >= self.settings.max_queue:
-            self._dropped(drawn, "queue_full")
-            return
-        self._queue.put_nowait(drawn)
+        for shortcut in shortcuts_of(settled):
+            share = self.share_of(settled.decision.tenant, shortcut)
+            if share <= 0.0 or self._rng.random() >= share:
+                continue
+            drawn = Drawn(settled, shortcut, share, time.monotonic())
+            if self._worker is None:
+                self._dropped(drawn, "stopped")
+            elif self._queue.qsize() >= self.settings.max_queue:
+                self._dropped(drawn, "queue_full")
+            else:
+                self._queue.put_nowait(drawn)
 
     # -- running ---------------------------------------------------------------------
 
@@ -218,8 +229,9 @@ class ShadowChecks:
 
     async def _reference(self, drawn: Drawn, started: float) -> Reference:
         """The skipped path's answer: the engine's for a cache hit, the large path's for
-        a small engine's answer, the loop on to its budget for an early stop, and the
-        loop with no deadline but the check's own for a fallback."""
+        a small engine's answer, the loop on to its budget for an early stop, the loop
+        with no deadline but the check's own for a fallback, and the small engine's
+        for the large path's answer."""
         settled = drawn.settled
         request, policy = settled.request, settled.policy
         assert request is not None and policy is not None
@@ -233,9 +245,9 @@ class ShadowChecks:
             deadline_ms=dict.fromkeys(policy.deadline_ms, timeout_ms),
             loop=loop,
         )
-        large = drawn.shortcut in ("small_route", "early_stop", "deadline_fallback")
+        tier = _REFERENCE_TIER[drawn.shortcut]
         async with asyncio.timeout(self.settings.timeout_s):
-            return await self._pipeline.reference(request, reference_policy, large=large)
+            return await self._pipeline.reference(request, reference_policy, tier=tier)
 
     # -- recording -------------------------------------------------------------------
 

@@ -38,7 +38,7 @@ from gateway.pipeline.request import ChatRequest
 from gateway.pipeline.request_policy import Policy
 from gateway.pipeline.turns import LoopRun, Superseded, Turns
 from router.embedder import Embedder, EmbedderOverloaded, Embedding
-from router.router import RouteDecision, Router
+from router.router import RouteDecision, Router, Tier
 
 
 class Pipeline:
@@ -120,12 +120,14 @@ class Pipeline:
             return _answering(exchange, await Lead(flight, keeper, exchange, answering).events())
         return _answering(exchange, await answering)
 
-    async def reference(self, request: ChatRequest, policy: Policy, *, large: bool) -> Reference:
+    async def reference(
+        self, request: ChatRequest, policy: Policy, *, tier: Tier | None = None
+    ) -> Reference:
         """What ``request`` is answered when no shortcut is taken: neither cache read nor
         written, no identical request's answer shared, no earlier turn stopped; routed
-        as the router decides, or to the large tier when ``large``. For background
-        checks of shortcuts (gateway.checks): it is not live work, and its exchange
-        settles where no subscriber hears it."""
+        as the router decides, or to ``tier`` when given (a routed request's only). For
+        background checks of shortcuts (gateway.checks): it is not live work, and its
+        exchange settles where no subscriber hears it."""
         policy = msgspec.structs.replace(policy, cache=None, conversation=None)
         request = msgspec.structs.replace(request, stream=False)
         exchange = Exchange(Settlement(), tenant=policy.tenant, model=request.model, key=None,
@@ -136,10 +138,10 @@ class Pipeline:
             route = await self._route(Embedded(self._embedder, request.last_user_turn, []), policy)
             router = self._router
             assert router is not None
-            if large and route.tier != "large":
-                route = msgspec.structs.replace(
-                    route, tier="large", engine=router.settings.large_engine
-                )
+            if tier is not None and route.tier != tier:
+                settings = router.settings
+                engine_name = settings.large_engine if tier == "large" else settings.small_engine
+                route = msgspec.structs.replace(route, tier=tier, engine=engine_name)
         engine = self._engines[route.engine if route is not None else request.model]
         exchange.decide(
             route=route.tier if route is not None else engine.name,
