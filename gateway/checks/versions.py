@@ -210,19 +210,19 @@ class RedisPolicies:
     async def get(self, version_id: str) -> PolicyVersion | None:
         vid = check_id(version_id)
         async with self._guard():
-            data: bytes | None = await self._redis.get(f"{self._prefix}:policy:{vid}")
-        return None if data is None else msgspec.msgpack.decode(data, type=PolicyVersion)
+            data = await self._redis.get(f"{self._prefix}:policy:{vid}")
+        return None if data is None else msgspec.msgpack.decode(_raw(data), type=PolicyVersion)
 
     async def manifests(self) -> list[Manifest]:
         async with self._guard():
             found = await self._redis.hgetall(f"{self._prefix}:policies")
-        manifests = [msgspec.json.decode(v, type=Manifest) for v in found.values()]
+        manifests = [msgspec.json.decode(_raw(v), type=Manifest) for v in found.values()]
         return sorted(manifests, key=lambda m: m.id)
 
     async def state(self) -> PolicyState:
         async with self._guard():
             data = await self._redis.get(f"{self._prefix}:policy-state")
-        return PolicyState() if data is None else msgspec.json.decode(data, type=PolicyState)
+        return PolicyState() if data is None else msgspec.json.decode(_raw(data), type=PolicyState)
 
     async def set_state(self, state: PolicyState) -> None:
         async with self._guard():
@@ -233,6 +233,11 @@ class RedisPolicies:
 
     def _guard(self) -> contextlib.AbstractAsyncContextManager[None]:
         return _unavailable(self.where)
+
+
+def _raw(value: bytes | str) -> bytes:
+    """A reply as bytes (the client decodes none; its types allow for one that does)."""
+    return value if isinstance(value, bytes) else value.encode()
 
 
 @contextlib.asynccontextmanager
