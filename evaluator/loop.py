@@ -274,6 +274,12 @@ class ReasoningLoop:
         self.small = small
         self._signals = signal_settings(calibrator)
 
+    def use_calibrator(self, calibrator: Calibrator | None) -> None:
+        """P(correct) from ``calibrator`` for the runs that start from now on (a policy
+        version's); runs under way keep the one they started with."""
+        self.calibrator = calibrator
+        self._signals = signal_settings(calibrator)
+
     def tuned(self, settings: LoopSettings) -> ReasoningLoop:
         """This loop with other settings (a tenant's threshold, a reloaded config),
         sharing its engines and calibrator; a run keeps the settings it started with."""

@@ -16,10 +16,12 @@ from engines.native_check import LlamaCppUnusable
 from evaluator.calibration import calibrator_file, read_calibrator
 from evaluator.loop import ReasoningLoop
 from gateway.checks.estimates import LiveEstimates
+from gateway.checks.policies import Policies
 from gateway.checks.recent import RecentAnswers
 from gateway.checks.settings import ShadowSettings
 from gateway.checks.shadow import ShadowChecks
 from gateway.checks.store import create_outcome_store
+from gateway.checks.versions import create_policy_store
 from gateway.config import GatewayConfig
 from gateway.ops import logs
 from gateway.ops.keys import KeyTable
@@ -33,8 +35,9 @@ from router.router import Router
 
 log = logging.getLogger("satisfice.gateway")
 
-# How often the live estimates read what was added to the outcome store.
-OUTCOMES_POLL_S = 5.0
+# How often the live estimates read what was added to the outcome store, and the
+# policy version in force is checked against the policy store's state.
+STORES_POLL_S = 5.0
 
 
 class Runtime:
@@ -104,13 +107,14 @@ class Runtime:
         # Feedback verdicts go to the same outcome store, checks on or off.
         shadow = config.shadow or ShadowSettings()
         self.outcomes = create_outcome_store(shadow, config.cache)
-        self.estimates = LiveEstimates()
+        # The live estimates, per policy version that decided the shortcuts checked.
+        self.estimates: dict[str, LiveEstimates] = {}
         self.checks = ShadowChecks(
             self.pipeline,
             self.outcomes,
             shadow,
             share_of=lambda tenant, shortcut: self.config.shadow_share(tenant, shortcut),
-            policy_version=lambda: self.policy_version,
+            policy_version=lambda: self.policies.active,
             recorded=self.metrics.checked,
         )
         self.settlement.subscribe(self.checks.settled)
@@ -118,7 +122,18 @@ class Runtime:
         self.recent_answers = RecentAnswers()
         self.settlement.subscribe(self.recent_answers.settled)
         self._follower: asyncio.Task[None] | None = None
-        self.policy_version = "shipped"
+        # Policy versions refitted from the checks: the one in force, one in shadow.
+        self.policies = Policies(
+            create_policy_store(shadow, config.cache),
+            router=self.router,
+            loop=self.pipeline.loop,
+            cache=self.cache,
+            decided=self.metrics.shadow_decided,
+        )
+        self.settlement.subscribe(self.policies.settled)
+        self.metrics.follow_checks(
+            self.estimates, lambda: (self.policies.active, self.policies.state.shadow or "")
+        )
         self.ready = False
         self.failure: str | None = None
 
@@ -169,21 +184,36 @@ class Runtime:
             self.failure = f"{type(exc).__name__}: {exc}"
             log.exception("failed to start")
             return
+        self.policies.started()
+        try:
+            await self.policies.sync()
+        except Exception:  # the shipped parts serve until the store answers
+            log.exception("the policy store could not be read; the shipped policy serves")
         self.checks.start()
-        self._follower = asyncio.get_running_loop().create_task(self._follow_outcomes())
+        self._follower = asyncio.get_running_loop().create_task(self._follow_stores())
         self.ready = True
         log.info("ready: %s", ", ".join(self.engines))
 
-    async def _follow_outcomes(self) -> None:
-        """Keep the live estimates in step with the outcome store: what this replica
-        and every other one recorded (a shared store), read as it comes."""
+    @property
+    def policy_version(self) -> str:
+        """The policy version in force (gateway.checks.policies)."""
+        return self.policies.active
+
+    async def _follow_stores(self) -> None:
+        """Keep the live estimates in step with the outcome store (what this replica
+        and every other one recorded, read as it comes) and the policy version in step
+        with the policy store's state (a move made on another replica, or the CLI)."""
         while True:
             try:
                 for record in await self.outcomes.tail():
-                    self.estimates.add(record)
+                    self.estimates.setdefault(record.policy, LiveEstimates()).add(record)
             except Exception:
                 log.exception("the outcome store could not be read; estimates wait")
-            await asyncio.sleep(OUTCOMES_POLL_S)
+            try:
+                await self.policies.sync()
+            except Exception:
+                log.exception("the policy store could not be read; the policy stays")
+            await asyncio.sleep(STORES_POLL_S)
 
     def in_background(self, task: asyncio.Task[None]) -> None:
         self.background.add(task)
@@ -200,6 +230,7 @@ class Runtime:
         closing = [engine.close() for engine in self.engines.values()]
         closing.append(self.limiter.close())
         closing.append(self.outcomes.close())
+        closing.append(self.policies.store.close())
         if self.cache is not None:
             closing.append(self.cache.close())
         if self.embedder is not None:

@@ -49,6 +49,17 @@ class Router:
         self.model = await asyncio.to_thread(read_router, path, embedding=self.embedder.fingerprint)
         self._scorer = await asyncio.to_thread(scorer_for, self.model)
 
+    async def use(self, model: RouterModel) -> None:
+        """Route with ``model`` from now on (a policy version's): requests already routed
+        keep their route."""
+        if model.embedding != self.embedder.fingerprint:
+            raise ValueError(
+                f"router fitted on embeddings of {model.embedding!r}; this gateway embeds "
+                f"with {self.embedder.fingerprint!r}"
+            )
+        scorer = await asyncio.to_thread(scorer_for, model)
+        self.model, self._scorer = model, scorer
+
     @property
     def threshold(self) -> float:
         if self.settings.threshold is not None:

@@ -46,6 +46,7 @@ def test_every_field_reaches_its_name() -> None:
         superseded_ms=5.5,
         deadline=99.0,
         engine_s=0.25,
+        policy="p-1",
     )
     assert msgspec.structs.asdict(decision.view()) == {
         "tenant": "t",
@@ -68,12 +69,13 @@ def test_every_field_reaches_its_name() -> None:
         "rounds": 2,
         "branches": 5,
         "tokens": 77,
+        "policy": "p-1",
     }
 
 
 def test_a_plain_decision_shows_only_what_it_has() -> None:
     view = Decision(tenant="t", model="m").view()
     assert msgspec.to_builtins(view) == {
-        "tenant": "t", "model": "m", "route": "error", "cache": "off"
+        "tenant": "t", "model": "m", "route": "error", "cache": "off", "policy": "shipped"
     }  # fmt: skip
     assert set(msgspec.structs.asdict(view)) == set(DecisionView.__struct_fields__)

@@ -1,8 +1,9 @@
-"""Admin endpoints for the cache: stats, invalidation and warm-up, behind the admin key."""
+"""Admin endpoints behind the admin key: the cache's stats, invalidation and warm-up;
+the policy versions and the moves between them."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from litestar import Request, get, post
@@ -16,6 +17,8 @@ from cache.store import StoreUnavailable
 from cache.warmup import WarmupReport, warm
 from gateway.api.errors import APIError, shown
 from gateway.api.wire import ErrorResponse
+from gateway.checks.policies import UnknownVersion
+from gateway.checks.versions import Manifest, PolicyState
 from gateway.config import valid_tenant
 from gateway.runtime import Runtime
 
@@ -136,4 +139,74 @@ async def cache_warmup(
         raise _unavailable("warm-up stopped part-way; re-running it is safe") from exc
 
 
-ADMIN_HANDLERS = [cache_stats, cache_invalidate, cache_warmup]
+class PolicyMove(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """shadow or activate a version; revert to the version in force before the last
+    activate; unshadow: stop the version in shadow."""
+
+    move: Literal["shadow", "activate", "revert", "unshadow"]
+    version: Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9-]{1,64}$")] | None = None
+
+
+class PolicyReport(msgspec.Struct, frozen=True, kw_only=True):
+    state: PolicyState
+    active: str  # in force on this replica now
+    versions: list[Manifest]
+
+
+_POLICY_ERRORS = {
+    400: ResponseSpec(ErrorResponse, description="Invalid request"),
+    **{code: spec for code, spec in _ADMIN_ERRORS.items() if code != 404},
+    404: ResponseSpec(ErrorResponse, description="No such policy version"),
+}
+
+
+@get("/admin/policy", guards=[require_admin], responses=_POLICY_ERRORS)
+async def policy_report(state: State) -> PolicyReport:
+    """The policy versions, with how each compared with its parent on held-out checks,
+    and which is in force and in shadow."""
+    return await _policy_report(state.runtime)
+
+
+async def _policy_report(runtime: Runtime) -> PolicyReport:
+    policies = runtime.policies
+    try:
+        return PolicyReport(
+            state=await policies.store.state(),
+            active=policies.active,
+            versions=await policies.store.manifests(),
+        )
+    except StoreUnavailable as exc:
+        raise _policy_store_unavailable(exc) from exc
+
+
+@post("/admin/policy", guards=[require_admin], status_code=200, responses=_POLICY_ERRORS)
+async def policy_move(data: PolicyMove, state: State) -> PolicyReport:
+    """Move a version into shadow or force, or back: hot, no restart; every replica
+    sharing the store follows within a few seconds."""
+    runtime: Runtime = state.runtime
+    needs_version = data.move in ("shadow", "activate")
+    if needs_version != (data.version is not None):
+        raise APIError(
+            400,
+            f"{data.move} {'needs' if needs_version else 'takes no'} version",
+            param="version",
+        )
+    if not runtime.ready:
+        raise APIError(503, "not ready", type="server_error", code="not_ready", retry_after_s=5)
+    try:
+        await runtime.policies.move(data.move, data.version)
+    except UnknownVersion as exc:
+        raise APIError(404, str(exc), param="version", code="not_found") from exc
+    except StoreUnavailable as exc:
+        raise _policy_store_unavailable(exc) from exc
+    return await _policy_report(runtime)
+
+
+def _policy_store_unavailable(exc: StoreUnavailable) -> APIError:
+    return APIError(
+        503, f"the policy store is unavailable: {exc}", type="server_error",
+        code="store_unavailable", retry_after_s=1,
+    )  # fmt: skip
+
+
+ADMIN_HANDLERS = [cache_stats, cache_invalidate, cache_warmup, policy_report, policy_move]

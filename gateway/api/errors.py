@@ -221,6 +221,7 @@ def _answered(
                 model="",  # the body was not read as a request
                 key=None if caller is None else caller.key,
                 request_id=logs.request_id.get(),
+                policy=request.app.state.runtime.policy_version,
             )
         error = APIError.of(exc)
         status = response.status_code or 500

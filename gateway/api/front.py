@@ -55,6 +55,7 @@ def open_exchange(
         key=key,
         request_id=logs.request_id.get(),
         started=started,
+        policy=runtime.policy_version,
     )
 
 

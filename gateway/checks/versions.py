@@ -17,7 +17,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 import msgspec
 from redis.asyncio import Redis
@@ -89,6 +89,30 @@ class PolicyState(msgspec.Struct, frozen=True, kw_only=True):
     shadow: str | None = None
     previous: str | None = None  # the version active before (revert goes back to it)
     changed_at: float = 0.0
+
+
+# What an SRE does with a version: run it in shadow, put it in force, stop its shadow,
+# or go back to the version in force before the last activate.
+Move = Literal["shadow", "activate", "unshadow", "revert"]
+
+
+def after(state: PolicyState, move: Move, version: str | None = None) -> PolicyState:
+    """The state after ``move`` (of ``version``, for shadow and activate)."""
+    now = time.time()
+    if move == "revert":
+        return PolicyState(active=state.previous or SHIPPED, shadow=state.shadow, changed_at=now)
+    if move == "unshadow":
+        return msgspec.structs.replace(state, shadow=None, changed_at=now)
+    if version is None:
+        raise ValueError(f"{move} needs a version")
+    if move == "shadow":
+        return msgspec.structs.replace(state, shadow=version, changed_at=now)
+    return PolicyState(
+        active=version,
+        shadow=None if state.shadow == version else state.shadow,
+        previous=state.active,
+        changed_at=now,
+    )
 
 
 class PolicyStore(Protocol):

@@ -21,6 +21,7 @@ from evaluator.answers import QuestionFileError
 from evaluator.calibration import CalibratorFileError, calibrator_file, read_calibrator
 from gateway.cli import cache as cache_commands
 from gateway.cli import evaluator as evaluator_commands
+from gateway.cli import policy as policy_commands
 from gateway.cli import quality as quality_commands
 from gateway.cli import router as router_commands
 from gateway.config import ConfigError, GatewayConfig, load_config
@@ -166,6 +167,7 @@ def _parser() -> argparse.ArgumentParser:
     cache_commands.add_commands(commands)
     evaluator_commands.add_commands(commands)
     quality_commands.add_commands(commands)
+    policy_commands.add_commands(commands)
     return parser
 
 

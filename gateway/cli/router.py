@@ -48,7 +48,7 @@ _SUMMARY = (
 )
 
 
-def _embed(config: GatewayConfig, prompts: Sequence[str]) -> tuple[Vectors, str]:
+def embed_prompts(config: GatewayConfig, prompts: Sequence[str]) -> tuple[Vectors, str]:
     embedder = Embedder(config.embedder, Path(config.models_dir))
     embedder.load()
     print(f"embedding {len(prompts)} prompts ...", file=sys.stderr)
@@ -67,7 +67,7 @@ def _load_outcomes(path: str, skip_bad: bool) -> list[Outcome]:
 def router_fit(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     outcomes = _load_outcomes(args.outcomes, args.skip_bad)
-    vectors, fingerprint = _embed(config, [o.prompt for o in outcomes])
+    vectors, fingerprint = embed_prompts(config, [o.prompt for o in outcomes])
     model = fit_router(
         args.kind,
         outcomes,
@@ -113,7 +113,7 @@ def router_eval(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     outcomes = _load_outcomes(args.outcomes, args.skip_bad)
-    vectors, _ = _embed(config, [o.prompt for o in outcomes])
+    vectors, _ = embed_prompts(config, [o.prompt for o in outcomes])
     small = np.array([o.small for o in outcomes])
     large = np.array([o.large for o in outcomes])
     reports: dict[str, RoutingReport] = {}

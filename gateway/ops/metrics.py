@@ -7,7 +7,7 @@ side never share a counter. What the cache and the engines count anyway is read 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -19,6 +19,7 @@ from engines.base import Engine
 from engines.failover import FailoverEngine
 from engines.fanout import FanOutEngine
 from engines.openai_http import OpenAIHTTPEngine
+from gateway.checks.estimates import LiveEstimates
 from gateway.checks.record import CheckRecord
 from gateway.pipeline.exchange import Settled
 
@@ -179,6 +180,14 @@ class Metrics:
             ["tenant", "shortcut", "status", "reason"],
             registry=registry,
         )
+        self.policy_shadow = Counter(
+            "satisfice_policy_shadow_decisions",
+            "Requests a policy version in shadow judged beside the version in force, by "
+            "version, part (router, calibrator, verifier) and whether it would have decided "
+            "otherwise",
+            ["version", "part", "differs"],
+            registry=registry,
+        )
         registry.register(_Collected(engines, cache))
         self._by_route: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
 
@@ -238,6 +247,16 @@ class Metrics:
         reason = record.reason or "" if record.status == "dropped" else ""
         labels = (record.tenant, record.shortcut or "none", record.status, reason)
         self.shadow_checks.labels(*labels).inc()
+
+    def follow_checks(
+        self, estimates: Mapping[str, LiveEstimates], policy: Callable[[], tuple[str, str]]
+    ) -> None:
+        """Show the live estimates (per policy version that decided) and the policy
+        versions in force and in shadow (``policy()``: their ids, "" for none)."""
+        self.registry.register(_Checks(estimates, policy))
+
+    def shadow_decided(self, version: str, part: str, differs: bool) -> None:
+        self.policy_shadow.labels(version, part, "true" if differs else "false").inc()
 
     def reloaded(self, *, ok: bool) -> None:
         self.config_reloads.labels(result="success" if ok else "failure").inc()
@@ -433,3 +452,65 @@ def _near_metrics(cache: SemanticCache) -> Iterator[Metric]:
         "Entries the near cache let go to stay within its bound",
         value=0 if near is None else near.evictions,
     )
+
+
+class _Checks(Collector):
+    """The live estimates of each shortcut's disagreement, read at scrape time."""
+
+    def __init__(
+        self, estimates: Mapping[str, LiveEstimates], policy: Callable[[], tuple[str, str]]
+    ) -> None:
+        self._estimates = estimates
+        self._policy = policy
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["tenant", "shortcut", "policy"]
+        rate = GaugeMetricFamily(
+            "satisfice_shortcut_disagreement_ratio",
+            "Share of checked shortcuts whose skipped path answered otherwise (weighted by "
+            "1/probability drawn), with its 95% interval (bound: estimate, low, high); "
+            "agreement with the skipped path, not correctness",
+            labels=[*labels, "bound"],
+        )
+        checks = GaugeMetricFamily(
+            "satisfice_shortcut_checks",
+            "Shadow checks in the outcome store, by what became of them: decided (the "
+            "comparator said agree or disagree), undecided, failed, dropped",
+            labels=[*labels, "outcome"],
+        )
+        n_eff = GaugeMetricFamily(
+            "satisfice_shortcut_checks_effective",
+            "The effective number of decided checks the interval rests on",
+            labels=labels,
+        )
+        ece = GaugeMetricFamily(
+            "satisfice_shortcut_calibration_error",
+            "Expected calibration error of P(correct) against agreement with the skipped "
+            "path, per shortcut checked with a confidence",
+            labels=["shortcut", "policy"],
+        )
+        for version, estimates in list(self._estimates.items()):
+            for e in estimates.snapshot():
+                own = [e.tenant, e.shortcut, version]
+                if e.rate is not None and e.low is not None and e.high is not None:
+                    for bound, value in (("estimate", e.rate), ("low", e.low), ("high", e.high)):
+                        rate.add_metric([*own, bound], value)
+                n_eff.add_metric(own, e.n_eff)
+                for outcome, count in (
+                    ("decided", e.n),
+                    ("undecided", e.undecided),
+                    ("failed", e.failed),
+                    ("dropped", sum(e.dropped.values())),
+                ):
+                    checks.add_metric([*own, outcome], count)
+            for c in estimates.calibration():
+                if c.ece is not None:
+                    ece.add_metric([c.shortcut, version], c.ece)
+        active, shadow = self._policy()
+        info = GaugeMetricFamily(
+            "satisfice_policy_info",
+            'The policy version in force (active) and the one in shadow ("" for none)',
+            labels=["active", "shadow"],
+        )
+        info.add_metric([active, shadow], 1)
+        yield from (rate, checks, n_eff, ece, info)

@@ -25,6 +25,7 @@ from gateway.pipeline.answer import Answer, Kept
 from gateway.pipeline.outcome import Decision, Event, Finished, Reasoning, TextDelta
 from gateway.pipeline.request import ChatRequest
 from gateway.pipeline.request_policy import Policy
+from router.embedder import Embedding
 
 log = logging.getLogger("satisfice.gateway")
 
@@ -59,6 +60,8 @@ class Settled(msgspec.Struct, frozen=True, kw_only=True):
     kept: Kept | None  # the whole answer the cache may keep
     # Whether an engine or the loop was set to work for it (not a cached or shared answer).
     generated: bool = False
+    # The last user turn's embedding, when the router used it.
+    embedding: Embedding | None = None
 
 
 Subscriber = Callable[[Settled], None]
@@ -97,6 +100,7 @@ class Exchange:
         "_settlement",
         "_texts",
         "decision",
+        "embedding",
         "generated",
         "kept",
         "key",
@@ -116,16 +120,18 @@ class Exchange:
         key: str | None,
         request_id: str | None,
         started: float | None = None,
+        policy: str = "shipped",
     ) -> None:
         self._settlement = settlement
         self.started = time.monotonic() if started is None else started
         self.key = key
         self.request_id = request_id
-        self.decision = Decision(tenant=tenant, model=model)
+        self.decision = Decision(tenant=tenant, model=model, policy=policy)
         self.request: ChatRequest | None = None
         self.policy: Policy | None = None
         self.kept: Kept | None = None
         self.generated = False  # set by the pipeline as it hands the request to an engine
+        self.embedding: Embedding | None = None  # set by the pipeline when it routes
         self._texts: dict[int, list[str]] = {}  # a streamed answer's, as sent
         self._finished: Finished | None = None
         self._sent_whole: Served | None = None  # an answer sent in one piece
@@ -228,6 +234,7 @@ class Exchange:
                 first_meaningful_s=self._first_meaningful(ended),
                 kept=self.kept,
                 generated=self.generated,
+                embedding=self.embedding,
             )
         )
 

@@ -56,6 +56,9 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     superseded_ms: float | None = None  # how long the conversation's last turn took to stop
     deadline: float | None = None  # time.monotonic() seconds
     engine_s: float | None = None  # the engine's own time, its queue included
+    # The policy version in force when the request arrived (gateway.checks.policies):
+    # the router, calibrator and verifier calibration that decided.
+    policy: str = "shipped"
 
     def view(self) -> DecisionView:
         """The decision as the flat fields every reader shows."""
@@ -84,6 +87,7 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
             None if trace is None else len(trace.rounds),
             None if trace is None else sum(len(r.branches) for r in trace.rounds),
             None if trace is None else trace.tokens,
+            self.policy,
         )
 
 
@@ -117,6 +121,7 @@ class DecisionView(msgspec.Struct, frozen=True, omit_defaults=True):
     rounds: int | None = None
     branches: int | None = None
     tokens: int | None = None
+    policy: str | None = None  # the policy version that decided
 
 
 class TextDelta(msgspec.Struct, frozen=True):

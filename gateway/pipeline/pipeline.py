@@ -66,6 +66,10 @@ class Pipeline:
         self._flights: Coalescer[SharedAnswer] = Coalescer()
         self.live = LiveWork()
 
+    @property
+    def loop(self) -> ReasoningLoop | None:
+        return self._loop
+
     async def run(self, request: ChatRequest, policy: Policy, exchange: Exchange) -> Answering:
         """``request``'s answer as events, with the decision as it stands when the answer
         begins; ``exchange`` holds the decision as it is taken, so that the request
@@ -98,6 +102,7 @@ class Pipeline:
         if request.model == AUTO_MODEL:
             route = await self._route(embedded, policy)
             exchange.decide(difficulty=route.score)
+            exchange.embedding = embedded.value  # for a policy version in shadow to route
         engine = self._engines[route.engine if route is not None else request.model]
         decision = exchange.decide(
             route=route.tier if route is not None else engine.name,
@@ -603,6 +608,11 @@ class Embedded:
         self._candidates = candidates
         self._embedding: Embedding | None = None
         self.ms = 0.0
+
+    @property
+    def value(self) -> Embedding | None:
+        """The embedding, if it was computed."""
+        return self._embedding
 
     async def get(self, *, may_refuse: bool = True) -> Embedding:
         """The embedding; ``may_refuse=False`` for work after the answer (a write-back)."""
