@@ -25,6 +25,8 @@ from cache.semantic_cache import SemanticCache
 from cache.settings import CacheSettings
 from engines import create_engine
 from evaluator.loop import BranchTrace, FirstAnswerTrace, LoopTrace, RoundTrace
+from gateway.checks.estimates import LiveEstimates
+from gateway.checks.record import CheckRecord
 from gateway.config import load_config
 from gateway.ops.metrics import Metrics
 from gateway.pipeline.exchange import Settled
@@ -135,6 +137,20 @@ def _record_one_request(metrics: Metrics) -> None:
     metrics.settled(settled)
 
 
+def _record_one_check(metrics: Metrics) -> None:
+    """One checked early stop, as the runtime records it and reads it back, and one
+    shadow decision of a version in shadow."""
+    record = CheckRecord(
+        id="c1", at=time.time(), source="shadow", tenant="default", shortcut="early_stop",
+        route="loop", model="auto", probability=0.05, policy="shipped", prompt="2+2?",
+        answer="4", reference="4", agree=True, confidence=0.95,
+    )  # fmt: skip
+    metrics.checked(record)
+    estimates = {"shipped": LiveEstimates.fold([record])}
+    metrics.follow_checks(estimates, lambda: ("shipped", "p-1"))
+    metrics.shadow_decided("p-1", "router", False)
+
+
 @pytest.fixture(scope="module")
 def exposed() -> Exposed:
     """The series a gateway's Metrics exposes, each with its label names."""
@@ -148,6 +164,7 @@ def exposed() -> Exposed:
     cache.counters.guard_rejections["numbers"] = 1  # a guard's series appears once it vetoed
     metrics = Metrics(engines, cache)
     _record_one_request(metrics)
+    _record_one_check(metrics)
     labels: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(metrics.exposition().decode()):
         for sample in family.samples:
