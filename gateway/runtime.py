@@ -132,7 +132,9 @@ class Runtime:
         )
         self.settlement.subscribe(self.policies.settled)
         self.metrics.follow_checks(
-            self.estimates, lambda: (self.policies.active, self.policies.state.shadow or "")
+            self.estimates,
+            lambda: (self.policies.active, self.policies.state.shadow or ""),
+            lambda: self.checks.pending,
         )
         self.ready = False
         self.failure: str | None = None

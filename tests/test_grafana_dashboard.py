@@ -147,7 +147,7 @@ def _record_one_check(metrics: Metrics) -> None:
     )  # fmt: skip
     metrics.checked(record)
     estimates = {"shipped": LiveEstimates.fold([record])}
-    metrics.follow_checks(estimates, lambda: ("shipped", "p-1"))
+    metrics.follow_checks(estimates, lambda: ("shipped", "p-1"), lambda: 0)
     metrics.shadow_decided("p-1", "router", False)
 
 

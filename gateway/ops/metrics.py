@@ -249,11 +249,15 @@ class Metrics:
         self.shadow_checks.labels(*labels).inc()
 
     def follow_checks(
-        self, estimates: Mapping[str, LiveEstimates], policy: Callable[[], tuple[str, str]]
+        self,
+        estimates: Mapping[str, LiveEstimates],
+        policy: Callable[[], tuple[str, str]],
+        pending: Callable[[], int],
     ) -> None:
-        """Show the live estimates (per policy version that decided) and the policy
-        versions in force and in shadow (``policy()``: their ids, "" for none)."""
-        self.registry.register(_Checks(estimates, policy))
+        """Show the live estimates (per policy version that decided), the policy
+        versions in force and in shadow (``policy()``: their ids, "" for none), and the
+        checks drawn and not yet recorded."""
+        self.registry.register(_Checks(estimates, policy, pending))
 
     def shadow_decided(self, version: str, part: str, differs: bool) -> None:
         self.policy_shadow.labels(version, part, "true" if differs else "false").inc()
@@ -458,10 +462,14 @@ class _Checks(Collector):
     """The live estimates of each shortcut's disagreement, read at scrape time."""
 
     def __init__(
-        self, estimates: Mapping[str, LiveEstimates], policy: Callable[[], tuple[str, str]]
+        self,
+        estimates: Mapping[str, LiveEstimates],
+        policy: Callable[[], tuple[str, str]],
+        pending: Callable[[], int],
     ) -> None:
         self._estimates = estimates
         self._policy = policy
+        self._pending = pending
 
     def collect(self) -> Iterator[Metric]:
         labels = ["tenant", "shortcut", "policy"]
@@ -513,4 +521,10 @@ class _Checks(Collector):
             labels=["active", "shadow"],
         )
         info.add_metric([active, shadow], 1)
-        yield from (rate, checks, n_eff, ece, info)
+        pending = GaugeMetricFamily(
+            "satisfice_shadow_checks_pending",
+            "Shadow checks drawn and not yet recorded: queued, waiting for live work to "
+            "leave room, or running",
+            value=self._pending(),
+        )
+        yield from (rate, checks, n_eff, ece, info, pending)
