@@ -18,11 +18,11 @@ from evaluator.loop import ReasoningLoop
 from gateway.checks.estimates import LiveEstimates
 from gateway.checks.policies import Policies
 from gateway.checks.recent import RecentAnswers
-from gateway.checks.settings import ShadowSettings
 from gateway.checks.shadow import ShadowChecks
 from gateway.checks.store import create_outcome_store
 from gateway.checks.versions import create_policy_store
 from gateway.config import GatewayConfig
+from gateway.config.shadow import ShadowSettings
 from gateway.ops import logs
 from gateway.ops.keys import KeyTable
 from gateway.ops.limits import MemoryCounters, RateLimiter, RedisCounters
@@ -114,7 +114,6 @@ class Runtime:
             self.outcomes,
             shadow,
             share_of=lambda tenant, shortcut: self.config.shadow_share(tenant, shortcut),
-            policy_version=lambda: self.policies.active,
             recorded=self.metrics.checked,
         )
         self.settlement.subscribe(self.checks.settled)

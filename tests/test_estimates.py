@@ -17,7 +17,8 @@ from gateway.checks.estimates import (
     LiveEstimates,
     wilson,
 )
-from gateway.checks.record import SHORTCUTS, CheckRecord
+from gateway.checks.record import CheckRecord
+from gateway.config.shadow import SHORTCUTS
 
 
 def check(agree: bool | None, probability: float = 0.1, **fields: Any) -> CheckRecord:

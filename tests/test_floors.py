@@ -35,6 +35,7 @@ SHARED_HELPERS = ("engines.jsonl", "engines.breaker")
 FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("config", ("gateway.config",)),
     ("pipeline", ("gateway.pipeline",)),
+    ("checks", ("gateway.checks",)),
     ("ops", ("gateway.ops",)),
     ("runtime", ("gateway.runtime", "gateway.reload")),
     ("api", ("gateway.api",)),

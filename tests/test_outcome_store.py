@@ -19,13 +19,13 @@ from redis.exceptions import RedisError
 from cache.settings import CacheSettings, MemoryStoreSettings, RedisStoreSettings
 from cache.store import StoreUnavailable
 from gateway.checks.record import CheckRecord
-from gateway.checks.settings import ShadowSettings
 from gateway.checks.store import (
     FileOutcomes,
     OutcomeStore,
     RedisOutcomes,
     create_outcome_store,
 )
+from gateway.config.shadow import ShadowSettings
 from tests.support import free_port
 
 URL = "redis://127.0.0.1:6379/0"

@@ -16,10 +16,10 @@ from pathlib import Path
 import msgspec
 
 from engines.scripted import ScriptedEngine, script
-from gateway.checks.record import CheckRecord, Shortcut
-from gateway.checks.settings import ShadowSettings
+from gateway.checks.record import CheckRecord
 from gateway.checks.shadow import ShadowChecks
 from gateway.checks.store import FileOutcomes
+from gateway.config.shadow import ShadowSettings, Shortcut
 from gateway.pipeline.request_policy import CacheControl
 from router.embedder import Embedder
 from router.router import Router
@@ -51,7 +51,6 @@ class Checking:
             self.store,
             settings,
             share_of=lambda _tenant, shortcut: settings.share_of(shortcut),
-            policy_version=lambda: "v-test",
             recorded=self._recorded,
             rng=random.Random(7),
         )
@@ -96,7 +95,7 @@ async def test_a_small_answer_is_checked_against_the_large_path_and_recorded(
     assert settled.decision.route == "small"
     (record,) = await checking.recorded(1)
     assert (record.shortcut, record.status, record.source) == ("small_route", "checked", "shadow")
-    assert record.probability == 1.0 and record.policy == "v-test"
+    assert record.probability == 1.0 and record.policy == settled.decision.policy == "shipped"
     assert record.answer == ANSWER and record.reference == "The answer is 41."
     assert record.reference_route == "large"
     assert (record.kind, record.answer_extracted, record.reference_extracted) == (

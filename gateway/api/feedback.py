@@ -118,7 +118,7 @@ async def _record_verdict(runtime: Runtime, tenant: str, request_id: str, verdic
             param="request_id",
             code="not_found",
         )
-    record = verdict_record(tenant, request_id, verdict, answered, runtime.policy_version)
+    record = verdict_record(tenant, request_id, verdict, answered)
     try:
         await runtime.outcomes.add(record)
     except StoreUnavailable as exc:

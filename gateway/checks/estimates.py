@@ -25,7 +25,8 @@ from typing import Final
 
 import msgspec
 
-from gateway.checks.record import SHORTCUTS, CheckRecord, Shortcut
+from gateway.checks.record import CheckRecord
+from gateway.config.shadow import SHORTCUTS, Shortcut
 
 log = logging.getLogger("satisfice.checks")
 

@@ -9,8 +9,9 @@ from collections import OrderedDict
 
 import msgspec
 
-from gateway.checks.record import CheckRecord, Shortcut
+from gateway.checks.record import CheckRecord
 from gateway.checks.shadow import shortcuts_of
+from gateway.config.shadow import Shortcut
 from gateway.pipeline.exchange import Settled
 
 # Answers remembered per tenant and replica: a few KB each at most (texts are cut), so
@@ -34,6 +35,7 @@ class Answered(msgspec.Struct, frozen=True, kw_only=True):
     similarity: float | None
     cache_score: float | None
     stop: str | None
+    policy: str  # the policy version that decided it
 
 
 class RecentAnswers:
@@ -62,6 +64,7 @@ class RecentAnswers:
             similarity=decision.similarity,
             cache_score=decision.cache_score,
             stop=None if trace is None else trace.stop,
+            policy=decision.policy,
         )
         answers.move_to_end(rid)
         while len(answers) > self.capacity:
@@ -72,10 +75,9 @@ class RecentAnswers:
         return None if answers is None else answers.get(request_id)
 
 
-def verdict_record(
-    tenant: str, request_id: str, verdict: str, answered: Answered, policy: str
-) -> CheckRecord:
-    """A caller's verdict on an answer, as the outcome store keeps it."""
+def verdict_record(tenant: str, request_id: str, verdict: str, answered: Answered) -> CheckRecord:
+    """A caller's verdict on an answer, as the outcome store keeps it: under the policy
+    version that decided the answer, not one put in force since."""
     return CheckRecord(
         id=uuid.uuid4().hex,
         at=time.time(),
@@ -86,7 +88,7 @@ def verdict_record(
         route=answered.route,
         model=answered.model,
         probability=1.0,
-        policy=policy,
+        policy=answered.policy,
         prompt=answered.prompt,
         answer=answered.answer,
         confidence=answered.confidence,

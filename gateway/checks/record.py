@@ -6,26 +6,7 @@ from typing import Literal
 
 import msgspec
 
-# The shortcuts the gateway takes, each checked against the path it skipped:
-# - semantic_hit, exact_hit: a cached answer, against the engine's answer now;
-# - small_route: the small engine's answer, against the large path's (the loop when
-#   it is on, else one pass of the large engine);
-# - early_stop: the loop stopped confident, against the loop run on to its budget;
-# - deadline_fallback: the loop's fallback at the deadline, against the loop without one;
-# - large_route: not a shortcut but its mirror, the large path's answer against the
-#   small engine's, so that a router refitted from the checks learns where the small
-#   engine would have done too, not only where it would not.
-Shortcut = Literal[
-    "semantic_hit", "exact_hit", "small_route", "early_stop", "deadline_fallback", "large_route"
-]
-SHORTCUTS: tuple[Shortcut, ...] = (
-    "semantic_hit",
-    "exact_hit",
-    "small_route",
-    "early_stop",
-    "deadline_fallback",
-    "large_route",
-)
+from gateway.config.shadow import Shortcut
 
 # checked: both answers are in and compared; dropped: sampled, but the engines had no
 # spare capacity (or the check waited too long, or live traffic preempted it); failed:

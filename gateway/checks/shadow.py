@@ -23,9 +23,9 @@ import msgspec
 
 from engines.base import EngineOverloaded
 from evaluator.agreement import Agreement, compare
-from gateway.checks.record import CheckRecord, CheckStatus, Shortcut
-from gateway.checks.settings import ShadowSettings
+from gateway.checks.record import CheckRecord, CheckStatus
 from gateway.checks.store import OutcomeStore
+from gateway.config.shadow import ShadowSettings, Shortcut
 from gateway.pipeline.exchange import Settled
 from gateway.pipeline.pipeline import Pipeline, Reference
 from gateway.pipeline.request import ChatRequest
@@ -95,7 +95,6 @@ class ShadowChecks:
         settings: ShadowSettings,
         *,
         share_of: Callable[[str, Shortcut], float],
-        policy_version: Callable[[], str],
         recorded: Callable[[CheckRecord], None],
         rng: random.Random | None = None,
     ) -> None:
@@ -103,7 +102,6 @@ class ShadowChecks:
         self._store = store
         self.settings = settings
         self.share_of = share_of  # the tenant's share of a shortcut, as configured now
-        self._policy_version = policy_version
         self._recorded = recorded  # told of every record (metrics)
         self._rng = rng or random.Random()
         # Bounded by settings.max_queue as it is when a check is drawn (a reload may
@@ -268,7 +266,7 @@ class ShadowChecks:
         reason: str | None = None,
         checked: Checked | None = None,
     ) -> None:
-        record = record_of(drawn, status, self._policy_version(), reason=reason, checked=checked)
+        record = record_of(drawn, status, reason=reason, checked=checked)
         self._recorded(record)
         self._changed.set()
         write = asyncio.get_running_loop().create_task(self._write(record))
@@ -293,7 +291,6 @@ class Checked(msgspec.Struct, frozen=True):
 def record_of(
     drawn: Drawn,
     status: CheckStatus,
-    policy: str,
     *,
     reason: str | None = None,
     checked: Checked | None = None,
@@ -315,7 +312,8 @@ def record_of(
         route=decision.route,
         model=decision.model,
         probability=drawn.probability,
-        policy=policy,
+        # The version that decided the shortcut, not one put in force since.
+        policy=decision.policy,
         prompt=request.last_user_turn,
         context=_context_of(request),
         answer=answer.texts[0],

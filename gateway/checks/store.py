@@ -34,7 +34,7 @@ from cache.redis_store import redis_client
 from cache.settings import CacheSettings, RedisStoreSettings
 from cache.store import StoreUnavailable
 from gateway.checks.record import CheckRecord
-from gateway.checks.settings import ShadowSettings
+from gateway.config.shadow import ShadowSettings
 
 log = logging.getLogger("satisfice.checks")
 

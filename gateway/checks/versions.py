@@ -28,7 +28,7 @@ from cache.redis_store import redis_client
 from cache.settings import CacheSettings, RedisStoreSettings
 from cache.store import StoreUnavailable
 from evaluator.calibration import Calibrator
-from gateway.checks.settings import ShadowSettings
+from gateway.config.shadow import ShadowSettings
 from router.model_file import RouterModel
 
 # The version of the parts the gateway was started with: its config's files.

@@ -18,7 +18,6 @@ from cache.calibration import Calibration, read_calibration
 from evaluator.calibration import Calibrator, calibrator_file, read_calibrator
 from gateway.checks.learn import InForce, learn
 from gateway.checks.record import CheckRecord
-from gateway.checks.settings import ShadowSettings
 from gateway.checks.store import create_outcome_store
 from gateway.checks.versions import (
     SHIPPED,
@@ -32,6 +31,7 @@ from gateway.checks.versions import (
 )
 from gateway.cli.router import embed_prompts
 from gateway.config import GatewayConfig, load_config
+from gateway.config.shadow import ShadowSettings
 from router.model_file import RouterModel, read_router
 from router.router import router_file
 

@@ -21,9 +21,9 @@ from gateway.checks.estimates import (
     Report,
 )
 from gateway.checks.record import CheckRecord
-from gateway.checks.settings import ShadowSettings
 from gateway.checks.store import FileOutcomes, OutcomeStore, create_outcome_store
 from gateway.config import load_config
+from gateway.config.shadow import ShadowSettings
 
 _NONE = "-"
 

@@ -20,8 +20,7 @@ from cache.settings import CacheSettings
 from engines.settings import EngineSettings
 from evaluator.loop import FallbackSettings
 from evaluator.policy import LoopSettings
-from gateway.checks.record import Shortcut
-from gateway.checks.settings import ShadowSettings, Share
+from gateway.config.shadow import ShadowSettings, Share, Shortcut
 from router.embedder import EmbedderSettings
 from router.settings import RouterSettings
 
