@@ -10,9 +10,10 @@ from collections import OrderedDict
 import msgspec
 
 from gateway.checks.record import CheckRecord
-from gateway.checks.shadow import shortcuts_of
+from gateway.checks.shadow import shortcuts_taken
 from gateway.config.shadow import Shortcut
 from gateway.pipeline.exchange import Settled
+from gateway.pipeline.outcome import Decision
 
 # Answers remembered per tenant and replica: a few KB each at most (texts are cut), so
 # a tenant's memory stays under ~25 MB; per tenant, so one tenant's traffic never
@@ -40,25 +41,40 @@ class Answered(msgspec.Struct, frozen=True, kw_only=True):
 
 class RecentAnswers:
     """Each tenant's last answers on this replica, by request id; oldest forgotten first.
-    A settlement subscriber."""
+    A settlement subscriber, on every request's way out: it keeps what it is handed (the
+    decision, the texts cut) and builds ``Answered`` only when a verdict asks."""
 
     def __init__(self, capacity: int = RECENT_ANSWERS_PER_TENANT) -> None:
         self.capacity = capacity
-        self._answers: dict[str, OrderedDict[str, Answered]] = {}
+        self._answers: dict[str, OrderedDict[str, tuple[Decision, str, str]]] = {}
 
     def settled(self, settled: Settled) -> None:
         answer, request, rid = settled.answer, settled.request, settled.request_id
         if settled.status != 200 or answer is None or request is None or rid is None:
             return
         decision = settled.decision
+        answers = self._answers.get(decision.tenant)
+        if answers is None:
+            answers = self._answers[decision.tenant] = OrderedDict()
+        text = answer.texts[0][:KEPT_CHARS] if answer.texts else ""
+        answers[rid] = (decision, request.last_user_turn[:KEPT_CHARS], text)
+        answers.move_to_end(rid)
+        if len(answers) > self.capacity:
+            answers.popitem(last=False)
+
+    def get(self, tenant: str, request_id: str) -> Answered | None:
+        answers = self._answers.get(tenant)
+        kept = None if answers is None else answers.get(request_id)
+        if kept is None:
+            return None
+        decision, prompt, answer = kept
         trace = decision.loop
-        answers = self._answers.setdefault(decision.tenant, OrderedDict())
-        answers[rid] = Answered(
+        return Answered(
             route=decision.route,
             model=decision.model,
-            shortcut=next(iter(shortcuts_of(settled)), None),
-            prompt=request.last_user_turn[:KEPT_CHARS],
-            answer=answer.texts[0][:KEPT_CHARS] if answer.texts else "",
+            shortcut=next(iter(shortcuts_taken(decision)), None),
+            prompt=prompt,
+            answer=answer,
             confidence=decision.confidence,
             difficulty=decision.difficulty,
             similarity=decision.similarity,
@@ -66,13 +82,6 @@ class RecentAnswers:
             stop=None if trace is None else trace.stop,
             policy=decision.policy,
         )
-        answers.move_to_end(rid)
-        while len(answers) > self.capacity:
-            answers.popitem(last=False)
-
-    def get(self, tenant: str, request_id: str) -> Answered | None:
-        answers = self._answers.get(tenant)
-        return None if answers is None else answers.get(request_id)
 
 
 def verdict_record(tenant: str, request_id: str, verdict: str, answered: Answered) -> CheckRecord:

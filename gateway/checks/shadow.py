@@ -27,6 +27,7 @@ from gateway.checks.record import CheckRecord, CheckStatus
 from gateway.checks.store import OutcomeStore
 from gateway.config.shadow import ShadowSettings, Shortcut
 from gateway.pipeline.exchange import Settled
+from gateway.pipeline.outcome import Decision
 from gateway.pipeline.pipeline import Pipeline, Reference
 from gateway.pipeline.request import ChatRequest
 from router.router import Tier
@@ -45,7 +46,11 @@ def shortcuts_of(settled: Settled) -> tuple[Shortcut, ...]:
         return ()
     if len(answer.texts) != 1 or answer.finish_reasons != ("stop",):
         return ()
-    decision = settled.decision
+    return shortcuts_taken(settled.decision)
+
+
+def shortcuts_taken(decision: Decision) -> tuple[Shortcut, ...]:
+    """The shortcuts ``decision`` took, whatever became of its answer."""
     if decision.cache == "exact":
         return ("exact_hit",)
     if decision.cache == "semantic":
