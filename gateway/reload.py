@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gateway.config import ConfigError, GatewayConfig, load_config
+from gateway.config.shadow import ShadowSettings
 from gateway.ops.keys import KeyTable
 from gateway.runtime import Runtime
 
@@ -54,7 +55,15 @@ _RESTART_ONLY: dict[str, Callable[[GatewayConfig], Any]] = {
     "loop.calibrator": lambda c: c.loop and c.loop.calibrator,
     "auth.rate_limit_url": lambda c: c.auth.rate_limit_url,
     "telemetry": lambda c: c.telemetry,
+    # Where checks and policy versions are kept; the shares and limits change hot.
+    "shadow.outcomes_file": lambda c: _shadow(c).outcomes_file,
+    "shadow.outcomes_max_bytes": lambda c: _shadow(c).outcomes_max_bytes,
+    "shadow.stream_max_records": lambda c: _shadow(c).stream_max_records,
 }
+
+
+def _shadow(config: GatewayConfig) -> ShadowSettings:
+    return config.shadow or ShadowSettings()
 
 
 def restart_needed(old: GatewayConfig, new: GatewayConfig) -> list[str]:

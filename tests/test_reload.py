@@ -107,8 +107,12 @@ def test_sighup_applies_a_valid_file(gateway: Gateway) -> None:
             "engines, which only a restart applies",
         ),
         (config(auth="auth: {keys: {k: {env: SATISFICE_TEST_UNSET_KEY}}}\n"), "auth.keys.k.env"),
+        (
+            config() + "shadow: {share: 0.1, outcomes_file: /tmp/elsewhere.jsonl}\n",
+            "shadow.outcomes_file, which only a restart applies",
+        ),
     ],
-    ids=["yaml", "invalid-value", "restart-only", "missing-env-key"],
+    ids=["yaml", "invalid-value", "restart-only", "missing-env-key", "outcome-store-moved"],
 )
 def test_a_bad_file_keeps_the_last_good_config(gateway: Gateway, text: str, reason: str) -> None:
     failed, done = gateway.reloads("failure"), gateway.reloads("success")
@@ -119,6 +123,15 @@ def test_a_bad_file_keeps_the_last_good_config(gateway: Gateway, text: str, reas
     assert chat(gateway.url, 3).status_code == 200  # max_messages is still 8
     gateway.rewrite(config())  # the good file back, for the next test
     gateway.wait_for("success", done + 1)
+
+
+def test_shadow_checks_turn_on_and_off_without_a_restart(gateway: Gateway) -> None:
+    done = gateway.reloads("success")
+    gateway.rewrite(config() + "shadow: {share: 0.1, shares: {exact_hit: 0.5}}\n")
+    gateway.wait_for("success", done + 1)
+    gateway.rewrite(config())
+    gateway.wait_for("success", done + 2)
+    assert chat(gateway.url, 3).status_code == 200
 
 
 def test_keys_change_without_a_restart(gateway: Gateway) -> None:
