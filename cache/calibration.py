@@ -68,6 +68,10 @@ class OperatingPoints:
         self._hits = len(scores) - first
         padded = np.r_[wrong_cumulative, 0]
         self._wrongs = padded[first]
+        # Below the lowest P seen no hit was seen: pairs looked up at operating point 0
+        # reach near 0, but hits served at a higher one (gateway.checks.refit) stop
+        # there, and the counts below it would only repeat the counts at it.
+        self._lowest = float(ascending[0]) if len(ascending) else 0.0
         self._known: dict[float, float] = {}
 
     def threshold(self, bound: float) -> float:
@@ -85,6 +89,8 @@ class OperatingPoints:
         needed = MARGIN * math.log(1 - confidence) / math.log1p(-bound) if bound < 1 else 0.0
         best = NEVER
         for threshold, n, k in zip(GRID, self._hits, self._wrongs, strict=True):
+            if threshold < self._lowest:
+                break
             if n < needed:
                 continue
             upper = 1.0 if k >= n else float(beta.ppf(confidence, k + 1, n - k))
