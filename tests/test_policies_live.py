@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from cache.calibration import OperatingPoints, read_calibration
+from cache.verifier import VerifierError
 from engines.scripted import ScriptedEngine, script
 from evaluator.calibration import Calibrator
 from gateway.api.front import open_exchange
@@ -254,6 +255,21 @@ async def test_an_unknown_version_is_refused_and_changes_nothing(shipped: Live) 
         await live.policies.move("activate", "../state")
     assert await live.policies.store.state() == before
     assert live.policies.active == SHIPPED
+
+
+async def test_a_version_one_part_of_which_cannot_apply_is_refused_whole(shipped: Live) -> None:
+    live = shipped
+    router_before = live.router.model
+    version = await _all_large(live)
+    other_weights = msgspec.structs.replace(read_calibration(), verifier="other-weights")
+    broken = msgspec.structs.replace(version, verifier=other_weights)
+    await live.policies.store.put(broken)
+    before = await live.policies.store.state()
+    with pytest.raises(VerifierError, match="other-weights"):
+        await live.policies.move("activate", broken.manifest.id)
+    # Nothing changed: not the state, not the router (which could have applied alone).
+    assert await live.policies.store.state() == before
+    assert live.router.model is router_before and live.policies.active == SHIPPED
 
 
 async def test_a_versions_verifier_calibration_moves_the_operating_point_and_back(

@@ -33,6 +33,7 @@ from gateway.checks.versions import (
     new_id,
 )
 from gateway.config.shadow import ShadowSettings
+from router.model_file import KNNModel
 from tests.test_outcome_store import URL, redis_up
 
 BACKENDS = ["file", "redis"]
@@ -265,3 +266,20 @@ async def test_a_version_file_is_msgpack_of_the_whole_version(tmp_path: Path) ->
     (written,) = store.directory.glob("*.policy")
     assert written.name == "p-20260101-000000-aaaa.policy"
     assert msgspec.msgpack.decode(written.read_bytes(), type=PolicyVersion) == kept
+
+
+async def test_a_version_that_would_not_load_is_refused_when_written(backend: Backend) -> None:
+    # A router threshold below 0: the Struct takes it, its decoder does not.
+    router = KNNModel(embedding="e", dim=1, threshold=-1.0, prompts=[], labels=[], vectors=b"")
+    bad = msgspec.structs.replace(version("p-20261206-000000-bad0"), router=router)
+    store = backend.open()
+    with pytest.raises(msgspec.ValidationError, match="threshold"):
+        await store.put(bad)
+    assert await store.manifests() == []
+
+
+async def test_an_unreadable_version_file_is_left_out_of_the_list(tmp_path: Path) -> None:
+    store = FilePolicies(tmp_path)
+    await store.put(version("p-20261206-000000-good"))
+    (tmp_path / "p-20261206-000000-torn.policy").write_bytes(b"\x85not msgpack")
+    assert [m.id for m in await store.manifests()] == ["p-20261206-000000-good"]

@@ -97,7 +97,9 @@ class Policies:
         replicas follow within a poll. Raises ``UnknownVersion`` for a version the
         store does not hold."""
         if version is not None:
-            await self._get(version)  # it exists, and loads
+            loaded = await self._get(version)  # it exists, and loads
+            if move == "activate":
+                self._prepared(loaded)  # and this gateway can put it in force
         state = after(await self.store.state(), move, version)
         await self.store.set_state(state)
         await self.sync()
@@ -112,21 +114,39 @@ class Policies:
         return version
 
     async def _apply(self, version: PolicyVersion | None) -> None:
+        """Put ``version``'s parts in force (None: the shipped ones), all or none."""
+        router, verification = self._prepared(version)
+        if self._router is not None and router is not None:
+            await self._router.use(router)
+        if self._loop is not None:
+            shipped = self._shipped
+            assert shipped is not None
+            own = None if version is None else version.calibrator
+            self._loop.use_calibrator(own or shipped.calibrator)
+        if self._cache is not None:
+            self._cache.verification = verification
+        self.active = SHIPPED if version is None else version.manifest.id
+
+    def _prepared(
+        self, version: PolicyVersion | None
+    ) -> tuple[RouterModel | None, Verification | None]:
+        """The router and verification ``version`` puts in force, once every check that
+        could refuse one has passed (a router of other embeddings, a calibration of
+        other verifier weights), so that no part changes unless all can."""
         shipped = self._shipped
         assert shipped is not None, "policies before the parts started"
         router = shipped.router if version is None or version.router is None else version.router
         if self._router is not None and router is not None:
-            await self._router.use(router)
-        if self._loop is not None:
-            own = None if version is None else version.calibrator
-            self._loop.use_calibrator(own or shipped.calibrator)
-        if self._cache is not None:
-            verification = shipped.verification
-            if version is not None and version.verifier is not None and verification is not None:
-                points = OperatingPoints(version.verifier)
-                verification = Verification(verification.verifier, points)
-            self._cache.verification = verification
-        self.active = "shipped" if version is None else version.manifest.id
+            fingerprint = self._router.embedder.fingerprint
+            if router.embedding != fingerprint:
+                raise ValueError(
+                    f"the version's router was fitted on embeddings of {router.embedding!r}; "
+                    f"this gateway embeds with {fingerprint!r}"
+                )
+        verification = shipped.verification
+        if version is not None and version.verifier is not None and verification is not None:
+            verification = Verification(verification.verifier, OperatingPoints(version.verifier))
+        return router, verification
 
     # -- in shadow -------------------------------------------------------------------
 

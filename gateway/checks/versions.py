@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import tempfile
 import time
@@ -30,6 +31,8 @@ from cache.store import StoreUnavailable
 from evaluator.calibration import Calibrator
 from gateway.config.shadow import ShadowSettings
 from router.model_file import RouterModel
+
+log = logging.getLogger("satisfice.policy")
 
 # The version of the parts the gateway was started with: its config's files.
 SHIPPED = "shipped"
@@ -131,6 +134,14 @@ class PolicyStore(Protocol):
     async def close(self) -> None: ...
 
 
+def encoded(version: PolicyVersion) -> bytes:
+    """``version`` as stored, once it is shown to load back: a version that would fail
+    to load (a field out of its range) is refused when written, not when activated."""
+    data = msgspec.msgpack.encode(version)
+    msgspec.msgpack.decode(data, type=PolicyVersion)  # raises msgspec.ValidationError
+    return data
+
+
 def create_policy_store(settings: ShadowSettings, cache: CacheSettings | None) -> PolicyStore:
     """The cache's Redis when the cache is on Redis (every replica sees one state), else
     the directory ``policies`` beside the outcome file."""
@@ -166,7 +177,7 @@ class FilePolicies:
 
     async def put(self, version: PolicyVersion) -> None:
         name = check_id(version.manifest.id) + ".policy"
-        await asyncio.to_thread(self._write, name, msgspec.msgpack.encode(version))
+        await asyncio.to_thread(self._write, name, encoded(version))
 
     async def get(self, version_id: str) -> PolicyVersion | None:
         path = self.directory / (check_id(version_id) + ".policy")
@@ -181,7 +192,11 @@ class FilePolicies:
             return []
         found = []
         for path in sorted(self.directory.glob("*.policy")):
-            version = msgspec.msgpack.decode(path.read_bytes(), type=PolicyVersion)
+            try:
+                version = msgspec.msgpack.decode(path.read_bytes(), type=PolicyVersion)
+            except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+                log.warning("policy version %s cannot be read, left out: %s", path, exc)
+                continue
             found.append(version.manifest)
         return found
 
@@ -227,7 +242,7 @@ class RedisPolicies:
         vid = check_id(version.manifest.id)
         async with self._guard():
             pipe = self._redis.pipeline(transaction=True)
-            pipe.set(f"{self._prefix}:policy:{vid}", msgspec.msgpack.encode(version))
+            pipe.set(f"{self._prefix}:policy:{vid}", encoded(version))
             pipe.hset(f"{self._prefix}:policies", vid, msgspec.json.encode(version.manifest))
             await pipe.execute()
 
