@@ -15,8 +15,9 @@ from pathlib import Path
 
 import msgspec
 
+from engines.base import SamplingParams
 from engines.scripted import ScriptedEngine, script
-from gateway.checks.record import CheckRecord
+from gateway.checks.record import KEPT_CHARS, CheckRecord
 from gateway.checks.shadow import ShadowChecks
 from gateway.checks.store import FileOutcomes
 from gateway.config.shadow import ShadowSettings, Shortcut
@@ -27,6 +28,7 @@ from tests.test_settled import (
     ALL_LARGE,
     ALL_SMALL,
     ANSWER,
+    QUESTION,
     SURE,
     Gateway,
     _gateway,
@@ -247,3 +249,23 @@ async def test_a_full_queue_drops_and_says_so(
     assert [r.reason for r in checking.records] == ["queue_full", "stopped", "stopped"]
     shortcuts: set[Shortcut | None] = {r.shortcut for r in checking.records}
     assert shortcuts == {"small_route"}
+
+
+async def test_a_record_keeps_a_bounded_share_of_a_huge_prompt_and_answer(
+    embedder: tuple[Embedder, Router], tmp_path: Path
+) -> None:
+    long_answer = script("The answer is 42. " + "More words. " * 2000)
+    checking = await _checking(
+        embedder, tmp_path, ScriptedEngine([long_answer], name="small"),
+        ScriptedEngine([long_answer], name="large"),
+    )  # fmt: skip
+    gateway = checking.gateway
+    policy = gateway.policy(router_threshold=ALL_SMALL, loop=None)
+    request = msgspec.structs.replace(
+        _request("auto", text=QUESTION + " Explain. " * 3000),
+        params=SamplingParams(max_tokens=10_000, temperature=0.0),
+    )
+    await gateway.settled_for(await gateway.ask(request, policy))
+    (record,) = await checking.recorded(1)
+    assert record.status == "checked" and record.agree is True  # compared whole
+    assert len(record.prompt) == len(record.answer) == len(record.reference or "") == KEPT_CHARS

@@ -9,18 +9,16 @@ from collections import OrderedDict
 
 import msgspec
 
-from gateway.checks.record import CheckRecord
+from gateway.checks.record import KEPT_CHARS, CheckRecord
 from gateway.checks.shadow import shortcuts_taken
 from gateway.config.shadow import Shortcut
 from gateway.pipeline.exchange import Settled
 from gateway.pipeline.outcome import Decision
 
 # Answers remembered per tenant and replica: a few KB each at most (texts are cut), so
-# a tenant's memory stays under ~25 MB; per tenant, so one tenant's traffic never
+# a tenant's memory stays under ~50 MB; per tenant, so one tenant's traffic never
 # pushes out another's.
 RECENT_ANSWERS_PER_TENANT = 5_000
-# The longest prompt or answer text kept, in characters.
-KEPT_CHARS = 2_000
 
 
 class Answered(msgspec.Struct, frozen=True, kw_only=True):

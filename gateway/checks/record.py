@@ -8,6 +8,11 @@ import msgspec
 
 from gateway.config.shadow import Shortcut
 
+# The longest text (prompt, earlier turns, either answer) a record keeps, in characters:
+# a record stays a few KB whatever a client sends, so the store's bound in records is
+# a bound in bytes too. The comparator sees the whole answers.
+KEPT_CHARS = 4_000
+
 # checked: both answers are in and compared; dropped: sampled, but the engines had no
 # spare capacity (or the check waited too long, or live traffic preempted it); failed:
 # the reference path raised. Only checked records count in estimates; the others say

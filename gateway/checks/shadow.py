@@ -23,7 +23,7 @@ import msgspec
 
 from engines.base import EngineOverloaded
 from evaluator.agreement import Agreement, compare
-from gateway.checks.record import CheckRecord, CheckStatus
+from gateway.checks.record import KEPT_CHARS, CheckRecord, CheckStatus
 from gateway.checks.store import OutcomeStore
 from gateway.config.shadow import ShadowSettings, Shortcut
 from gateway.pipeline.exchange import Settled
@@ -319,9 +319,9 @@ def record_of(
         probability=drawn.probability,
         # The version that decided the shortcut, not one put in force since.
         policy=decision.policy,
-        prompt=request.last_user_turn,
+        prompt=request.last_user_turn[:KEPT_CHARS],
         context=_context_of(request),
-        answer=answer.texts[0],
+        answer=answer.texts[0][:KEPT_CHARS],
         confidence=decision.confidence,
         difficulty=decision.difficulty,
         similarity=decision.similarity,
@@ -333,7 +333,7 @@ def record_of(
     reference, agreement = checked.reference, checked.agreement
     return msgspec.structs.replace(
         record,
-        reference=reference.text,
+        reference=reference.text[:KEPT_CHARS],
         reference_route=_reference_route(drawn.shortcut, reference),
         reference_tokens=reference.completion_tokens,
         reference_ms=checked.ms,
@@ -349,7 +349,7 @@ def _context_of(request: ChatRequest) -> str | None:
     earlier = request.messages[:-1]
     if not earlier:
         return None
-    return "\n".join(f"{m.role}: {m.content}" for m in earlier)[:4000]
+    return "\n".join(f"{m.role}: {m.content[:KEPT_CHARS]}" for m in earlier)[:KEPT_CHARS]
 
 
 def _reference_route(shortcut: Shortcut, reference: Reference) -> str:

@@ -58,7 +58,8 @@ class ShadowSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     # The file is rotated (to <file>.1) past this size.
     outcomes_max_bytes: Annotated[int, msgspec.Meta(ge=4096)] = 256 * 1024 * 1024
     # When the cache is on Redis: records kept in its stream (approximately).
-    stream_max_records: Annotated[int, msgspec.Meta(ge=100)] = 1_000_000
+    # (A record keeps at most 4,000 characters of each text: a few KB, ~1 KB typical.)
+    stream_max_records: Annotated[int, msgspec.Meta(ge=100)] = 200_000
 
     def share_of(self, shortcut: Shortcut) -> float:
         return self.shares.get(shortcut, self.share)
