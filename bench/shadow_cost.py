@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +113,8 @@ class Gateway:
         total = 0.0
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                wanted = all(sample.labels.get(k) == v for k, v in labels.items())
+                if sample.name == name and wanted:
                     total += sample.value
         return total
 
@@ -129,7 +131,7 @@ class Gateway:
         return found
 
     async def drained(self, http: httpx.AsyncClient) -> None:
-        while await self.metric(http, "satisfice_shadow_checks_pending"):
+        while await self.metric(http, "satisfice_shadow_checks_pending"):  # noqa: ASYNC110
             await asyncio.sleep(0.25)
 
     def stop(self) -> None:
@@ -188,6 +190,14 @@ async def spare(http: httpx.AsyncClient, gateway: Gateway, asked: list[str],
     }
 
 
+async def _client(
+    http: httpx.AsyncClient, url: str, pool: Iterator[str], until: float, latencies: list[float]
+) -> None:
+    """Back to back until ``until``."""
+    while time.monotonic() < until:
+        latencies.append(await ask(http, url, next(pool)))
+
+
 async def saturated(http: httpx.AsyncClient, gateway: Gateway, asked: list[str],
                     args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
     result: dict[str, Any] = {}
@@ -197,12 +207,9 @@ async def saturated(http: httpx.AsyncClient, gateway: Gateway, asked: list[str],
         before = await gateway.checks(http)
         latencies: list[float] = []
         until = time.monotonic() + args.saturate_s / 4
-
-        async def client() -> None:
-            while time.monotonic() < until:
-                latencies.append(await ask(http, gateway.url, next(pool)))
-
-        await asyncio.gather(*(client() for _ in range(args.clients)))
+        await asyncio.gather(
+            *(_client(http, gateway.url, pool, until, latencies) for _ in range(args.clients))
+        )
         pending = await gateway.metric(http, "satisfice_shadow_checks_pending")
         await gateway.drained(http)
         after = await gateway.checks(http)
