@@ -47,7 +47,8 @@ DATA = ROOT.parent / "shared" / "data" / "triviaqa" / "triviaqa_sm_sub.jsonl"
 
 
 def questions(limit: int, seed: int) -> list[str]:
-    lines = DATA.read_text().splitlines()
+    # Split on newlines only: some questions hold U+2028, which splitlines() splits on.
+    lines = [line for line in DATA.read_text().split("\n") if line.strip()]
     asked = []
     for line in lines:
         context = json.loads(line)["context"]
@@ -60,7 +61,9 @@ def config_text(share: float, outcomes: Path) -> str:
     raw = yaml.safe_load((ROOT / "gateway" / "config" / "default.yaml").read_text())
     raw["loop"] = None
     raw["cache"] = None
-    raw["shadow"] = {"share": share, "outcomes_file": str(outcomes)}
+    # A check waits at most 15 s for room (120 s by default), so that the saturated
+    # blocks show what becomes of checks that never find any.
+    raw["shadow"] = {"share": share, "outcomes_file": str(outcomes), "max_wait_s": 15}
     raw["server"] = {**(raw.get("server") or {}), "access_log": False}
     return yaml.safe_dump(raw)
 
@@ -210,14 +213,19 @@ async def saturated(http: httpx.AsyncClient, gateway: Gateway, asked: list[str],
         await asyncio.gather(
             *(_client(http, gateway.url, pool, until, latencies) for _ in range(args.clients))
         )
+        during = await gateway.checks(http)  # before the quiet after the block
         pending = await gateway.metric(http, "satisfice_shadow_checks_pending")
         await gateway.drained(http)
         after = await gateway.checks(http)
-        entry = result.setdefault(arm, {"latencies": [], "checks": {}, "pending_at_end": 0.0})
+        entry = result.setdefault(
+            arm, {"latencies": [], "checks": {}, "during": {}, "pending_at_end": 0.0}
+        )
         entry["latencies"] += latencies
-        entry["pending_at_end"] = max(entry["pending_at_end"], pending)
+        entry["pending_at_end"] += pending
         for k, v in after.items():
             entry["checks"][k] = entry["checks"].get(k, 0.0) + v - before.get(k, 0.0)
+        for k, v in during.items():
+            entry["during"][k] = entry["during"].get(k, 0.0) + v - before.get(k, 0.0)
     for arm in ("off", "on"):
         result[arm].update(_arm(result[arm].pop("latencies")))
     result["p50_ratio"] = result["on"]["p50_s"] / result["off"]["p50_s"]
@@ -253,9 +261,16 @@ def report(result: dict[str, Any]) -> str:
                          f"p99 {a['p99_s'] * 1000:7.0f} ms")  # fmt: skip
         lines.append(f"  on/off: p50 {part['p50_ratio']:.3f}, p99 {part['p99_ratio']:.3f}")
         checks = part["checks"] if name == "spare" else part["on"]["checks"]
-        lines.append("  checks drawn: " + (", ".join(
-            f"{k} {v:.0f}" for k, v in sorted(checks.items()) if v) or "none"))  # fmt: skip
+        lines.append("  checks drawn: " + _counts(checks))
+        if name == "saturated":
+            lines.append("  of which recorded while saturated: " + _counts(part["on"]["during"])
+                         + f"; pending when it ended: {part['on']['pending_at_end']:.0f}"
+                         " (run, or dropped as stale, in the quiet after)")  # fmt: skip
     return "\n".join(lines)
+
+
+def _counts(checks: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.0f}" for k, v in sorted(checks.items()) if v) or "none"
 
 
 def main() -> None:
