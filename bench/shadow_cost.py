@@ -10,8 +10,9 @@ caches and the machine's state); after each "on" block the bench waits until no 
 is pending, so none spills into the next block.
 
   - spare capacity: one client, a pause between requests (checks run in the pauses and
-    live requests stop them): p50 and p99 of each arm, their ratio, and what became of
-    the checks drawn (checked, or dropped and why);
+    live requests stop them); each block's questions are asked in both arms, so the
+    arms ask the same questions: p50 and p99 of each arm, their ratio, the median of
+    each question's on/off ratio, and what became of the checks drawn;
   - saturation: several clients back to back, so live requests always generate and no
     check ever has room: the checks are dropped (stale or queue_full), not run, and the
     latency is the same.
@@ -170,25 +171,30 @@ def _arm(values: list[float]) -> dict[str, float]:
 
 async def spare(http: httpx.AsyncClient, gateway: Gateway, asked: list[str],
                 args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
+    """Each block's questions asked twice, once with checks on and once off (the order
+    alternating by block), so each question's two latencies pair up."""
     latencies: dict[str, list[float]] = {"off": [], "on": []}
     checks_before = await gateway.checks(http)
-    it = iter(asked)
-    for block in range(args.blocks * 2):
-        arm = "on" if (block % 2) == (block // 2 % 2) else "off"  # on, off, off, on, ...
-        await gateway.share(http, args.share if arm == "on" else 0.0)
-        for _ in range(args.per_block):
-            latencies[arm].append(await ask(http, gateway.url, next(it)))
-            await asyncio.sleep(args.pause)
-        await gateway.drained(http)
-        print(f"block {block + 1}/{args.blocks * 2} ({arm}) done", file=sys.stderr)
+    for block in range(args.blocks):
+        questions = asked[block * args.per_block : (block + 1) * args.per_block]
+        for arm in ("on", "off") if block % 2 == 0 else ("off", "on"):
+            await gateway.share(http, args.share if arm == "on" else 0.0)
+            for question in questions:
+                latencies[arm].append(await ask(http, gateway.url, question))
+                await asyncio.sleep(args.pause)
+            await gateway.drained(http)
+        print(f"block {block + 1}/{args.blocks} done", file=sys.stderr)
     checks_after = await gateway.checks(http)
     off, on = _arm(latencies["off"]), _arm(latencies["on"])
+    ratios = sorted(a / b for a, b in zip(latencies["on"], latencies["off"], strict=True))
     return {
         "off": off,
         "on": on,
         "p50_ratio": on["p50_s"] / off["p50_s"],
         "p99_ratio": on["p99_s"] / off["p99_s"],
         "mean_ratio": on["mean_s"] / off["mean_s"],
+        "paired_median_ratio": statistics.median(ratios),
+        "paired_quartiles": [_pct(ratios, 0.25), _pct(ratios, 0.75)],
         "checks": {k: v - checks_before.get(k, 0.0) for k, v in checks_after.items()},
     }
 
@@ -234,7 +240,7 @@ async def saturated(http: httpx.AsyncClient, gateway: Gateway, asked: list[str],
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    asked = questions(args.blocks * 2 * args.per_block + 2000, args.seed)
+    asked = questions(args.blocks * args.per_block + 2000, args.seed)
     with tempfile.TemporaryDirectory(prefix="shadow-cost-") as folder:
         gateway = Gateway(Path(folder))
         try:
@@ -243,7 +249,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 for question in asked[-3:]:  # warm both engines' first calls
                     await ask(http, gateway.url, question)
                 spare_result = await spare(http, gateway, asked, args)
-                rest = asked[args.blocks * 2 * args.per_block :]
+                rest = asked[args.blocks * args.per_block :]
                 saturated_result = await saturated(http, gateway, rest, args)
         finally:
             gateway.stop()
@@ -260,6 +266,10 @@ def report(result: dict[str, Any]) -> str:
             lines.append(f"  {arm:3}  n={a['n']:4}  p50 {a['p50_s'] * 1000:7.0f} ms  "
                          f"p99 {a['p99_s'] * 1000:7.0f} ms")  # fmt: skip
         lines.append(f"  on/off: p50 {part['p50_ratio']:.3f}, p99 {part['p99_ratio']:.3f}")
+        if "paired_median_ratio" in part:
+            low, high = part["paired_quartiles"]
+            lines.append(f"  the same question on/off: median {part['paired_median_ratio']:.3f}"
+                         f" (quartiles {low:.3f}-{high:.3f})")  # fmt: skip
         checks = part["checks"] if name == "spare" else part["on"]["checks"]
         lines.append("  checks drawn: " + _counts(checks))
         if name == "saturated":
@@ -275,7 +285,8 @@ def _counts(checks: dict[str, float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--blocks", type=int, default=8, help="pairs of on/off blocks")
+    parser.add_argument("--blocks", type=int, default=8,
+                        help="blocks, each asked with checks on and off")  # fmt: skip
     parser.add_argument("--per-block", type=int, default=15)
     parser.add_argument("--pause", type=float, default=1.5, help="seconds between requests")
     parser.add_argument("--share", type=float, default=0.05)
