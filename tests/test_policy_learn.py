@@ -252,7 +252,10 @@ def test_calibrator_labels_are_early_stop_checks_and_verdicts_on_the_loop() -> N
         check(5, None, source="feedback", route="loop", verdict="wrong", confidence=0.95),
         check(6, None, source="feedback", route="small", verdict="wrong", confidence=0.5),
     ]
-    assert refit.calibrator_labels(records) == ([0.9, 0.7, 0.95], [True, False, False])
+    # Verdicts are correctness; agreement with the budget's answer is an opt-in.
+    assert refit.calibrator_labels(records) == ([0.95], [False])
+    on_agreement = refit.calibrator_labels(records, agreement=True)
+    assert on_agreement == ([0.9, 0.7, 0.95], [True, False, False])
 
 
 # -- the verifier -------------------------------------------------------------------
@@ -392,6 +395,7 @@ def test_parts_with_too_few_labels_or_switched_off_are_left_with_a_note(
         [*few, *_calibrator_checks(20, 7, start=1_000.5)],
         in_force(router=shipped_router(), calibrator=base_calibrator),
         embedding(embedder),
+        calibrate_on_agreement=True,
     )
     assert version.router is None and version.calibrator is None and version.verifier is None
     assert version.manifest.fitted == {} and version.manifest.comparisons == []
@@ -432,10 +436,17 @@ def test_the_calibrator_and_the_verifier_are_refitted_and_compared(embedder: Emb
         *_verifier_checks(500, current, 9, start=2_001.0),
     ]
     random.Random(1).shuffle(records)
+    by_default = learn(
+        records,
+        in_force(calibrator=_bundled_calibrator(), verifier=base_verifier),
+        embedding(embedder),
+    )
+    assert by_default.manifest.fitted == {"verifier": 350}  # no verdicts: no calibrator
     version = learn(
         records,
         in_force(calibrator=_bundled_calibrator(), verifier=base_verifier),
         embedding(embedder),
+        calibrate_on_agreement=True,
     )
     assert version.manifest.fitted == {"calibrator": 350, "verifier": 350}
     assert version.calibrator is not None and version.calibration_map is not None

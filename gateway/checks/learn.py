@@ -52,8 +52,16 @@ class InForce:
         self.max_false_hit_rate = max_false_hit_rate
 
 
-def learn(records: Sequence[CheckRecord], in_force: InForce, embed: Embed) -> PolicyVersion:
-    """A version refitted from ``records`` (the store's, any order)."""
+def learn(
+    records: Sequence[CheckRecord],
+    in_force: InForce,
+    embed: Embed,
+    *,
+    calibrate_on_agreement: bool = False,
+) -> PolicyVersion:
+    """A version refitted from ``records`` (the store's, any order). The calibrator
+    learns from callers' verdicts, and from early-stop checks' agreement only when
+    ``calibrate_on_agreement`` (refit.calibrator_labels says why)."""
     ordered = sorted(records, key=lambda r: r.at)
     shadow = [r for r in ordered if r.source == "shadow" and r.status == "checked"]
     cut = len(shadow) - round(len(shadow) * HELD_OUT)
@@ -80,7 +88,7 @@ def learn(records: Sequence[CheckRecord], in_force: InForce, embed: Embed) -> Po
         comparisons.append(_compare_routers(held_out, in_force, router, embed))
 
     calibrator, mapping = None, None
-    confidences, labels = refit.calibrator_labels(fitting)
+    confidences, labels = refit.calibrator_labels(fitting, agreement=calibrate_on_agreement)
     if in_force.calibrator is None or in_force.loop_threshold is None:
         notes.append("calibrator: the loop or its calibrator is off, not refitted")
     elif len(labels) < refit.MIN_CALIBRATOR_LABELS:

@@ -84,7 +84,10 @@ def refit(args: argparse.Namespace) -> int:
 
     while True:
         records, active = asyncio.run(read())
-        version = learn(records, _in_force(config, active), lambda p: embed_prompts(config, p))
+        version = learn(
+            records, _in_force(config, active), lambda p: embed_prompts(config, p),
+            calibrate_on_agreement=args.calibrator_on_agreement,
+        )  # fmt: skip
         if not version.manifest.fitted:
             print(_shown(version.manifest))
             print("nothing refitted: too few checks for any part", file=sys.stderr)
@@ -188,6 +191,11 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     refit_ = sub.add_parser("refit", help="a new version from the outcome store")
     common(refit_)
     refit_.add_argument("--shadow", action="store_true", help="put it in shadow at once")
+    refit_.add_argument(
+        "--calibrator-on-agreement", action="store_true",
+        help="also fit the loop's calibrator to early stops' agreement with the budget's "
+        "answer: its P then means 'thinking on would not change this', not 'correct'",
+    )  # fmt: skip
     refit_.add_argument("--every", type=_hours, metavar="HOURS",
                         help="refit again every HOURS (a schedule), until stopped")  # fmt: skip
     refit_.set_defaults(run=refit)
