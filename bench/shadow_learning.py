@@ -242,7 +242,7 @@ def calibrator_round(
 ) -> dict[str, Any]:
     found = [e for e in split.first_entries(stream) if e.shortcut == "early_stop"]
     records = drawn(found, share, split.rng)
-    confidences, labels = refit.calibrator_labels(records)
+    confidences, labels = refit.calibrator_labels(records, agreement=True)
     later = [i for i in split.later if stream.questions[i].route == "loop"]
     out: dict[str, Any] = {"checks": len(labels), "later_questions": len(later)}
     if len(labels) < refit.MIN_CALIBRATOR_LABELS:
