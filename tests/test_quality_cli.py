@@ -111,10 +111,12 @@ def test_the_table_gives_each_rate_with_its_interval_and_counts(
         "regret: the large path would change the answer",
     ]  # fmt: skip
     assert row(out, "acme", "early_stop") == [
-        "acme", "early_stop", "75.0%", "[23.8%, 96.6%]", "3 (n_eff 2.7)", "0", "0", "0",
+        "acme", "early_stop", "75.0%", "[23.8%, 96.6%] *", "3 (n_eff 2.7)", "0", "0", "0",
         "flip: running on to the budget changes the answer",
     ]  # fmt: skip
-    assert row(out, "globex", "semantic_hit")[2:5] == ["0.0%", "[0.0%, 79.3%]", "1"]
+    assert row(out, "globex", "semantic_hit")[2:5] == ["0.0%", "[0.0%, 79.3%] *", "1"]
+    # 20 compared: enough; 2.7 and 1 effective checks are flagged, and the flag explained.
+    assert "* fewer than 10 effective checks" in out
     # Calibration: ECE 3/20 * 0.3 + 17/20 * 0.1; mean confidence 0.81 against 0.85.
     assert "small_route: 20 compared; ECE 0.130; mean gap -0.040" in out
     assert row(out, "0.2-0.4") == ["0.2-0.4", "3", "0.300", "0.0%", "[0.0%, 56.2%]"]
