@@ -13,7 +13,6 @@ from gateway.checks.record import KEPT_CHARS, CheckRecord
 from gateway.checks.shadow import shortcuts_taken
 from gateway.config.shadow import Shortcut
 from gateway.pipeline.exchange import Settled
-from gateway.pipeline.outcome import Decision
 
 # Answers remembered per tenant and replica: a few KB each at most (texts are cut), so
 # a tenant's memory stays under ~50 MB; per tenant, so one tenant's traffic never
@@ -39,12 +38,13 @@ class Answered(msgspec.Struct, frozen=True, kw_only=True):
 
 class RecentAnswers:
     """Each tenant's last answers on this replica, by request id; oldest forgotten first.
-    A settlement subscriber, on every request's way out: it keeps what it is handed (the
-    decision, the texts cut) and builds ``Answered`` only when a verdict asks."""
+    A settlement subscriber, on every request's way out: it keeps each answer as one
+    tuple of plain values, not the decision itself, whose loop trace may hold every
+    branch of every round."""
 
     def __init__(self, capacity: int = RECENT_ANSWERS_PER_TENANT) -> None:
         self.capacity = capacity
-        self._answers: dict[str, OrderedDict[str, tuple[Decision, str, str]]] = {}
+        self._answers: dict[str, OrderedDict[str, tuple[object, ...]]] = {}
 
     def settled(self, settled: Settled) -> None:
         answer, request, rid = settled.answer, settled.request, settled.request_id
@@ -54,8 +54,20 @@ class RecentAnswers:
         answers = self._answers.get(decision.tenant)
         if answers is None:
             answers = self._answers[decision.tenant] = OrderedDict()
-        text = answer.texts[0][:KEPT_CHARS] if answer.texts else ""
-        answers[rid] = (decision, request.last_user_turn[:KEPT_CHARS], text)
+        trace = decision.loop
+        answers[rid] = (
+            decision.route,
+            decision.model,
+            next(iter(shortcuts_taken(decision)), None),
+            request.last_user_turn[:KEPT_CHARS],
+            answer.texts[0][:KEPT_CHARS] if answer.texts else "",
+            decision.confidence,
+            decision.difficulty,
+            decision.similarity,
+            decision.cache_score,
+            None if trace is None else trace.stop,
+            decision.policy,
+        )
         answers.move_to_end(rid)
         if len(answers) > self.capacity:
             answers.popitem(last=False)
@@ -65,21 +77,8 @@ class RecentAnswers:
         kept = None if answers is None else answers.get(request_id)
         if kept is None:
             return None
-        decision, prompt, answer = kept
-        trace = decision.loop
-        return Answered(
-            route=decision.route,
-            model=decision.model,
-            shortcut=next(iter(shortcuts_taken(decision)), None),
-            prompt=prompt,
-            answer=answer,
-            confidence=decision.confidence,
-            difficulty=decision.difficulty,
-            similarity=decision.similarity,
-            cache_score=decision.cache_score,
-            stop=None if trace is None else trace.stop,
-            policy=decision.policy,
-        )
+        # The tuple is Answered's fields in their order (tests/test_recent_answers.py).
+        return msgspec.convert(dict(zip(Answered.__struct_fields__, kept, strict=True)), Answered)
 
 
 def verdict_record(tenant: str, request_id: str, verdict: str, answered: Answered) -> CheckRecord:
