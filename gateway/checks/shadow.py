@@ -34,8 +34,6 @@ from router.router import Tier
 
 log = logging.getLogger("satisfice.checks")
 
-# Why a drawn check was dropped, as counted and recorded.
-DROP_REASONS = ("queue_full", "stale", "preempted", "busy", "stopped")
 
 
 def shortcuts_of(settled: Settled) -> tuple[Shortcut, ...]:
