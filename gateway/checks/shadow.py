@@ -35,7 +35,6 @@ from router.router import Tier
 log = logging.getLogger("satisfice.checks")
 
 
-
 def shortcuts_of(settled: Settled) -> tuple[Shortcut, ...]:
     """The shortcuts a settled request's answer took (each drawn for a check on its
     own), when a check can judge its answer: a whole, single answer, served with 200."""
