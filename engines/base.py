@@ -16,13 +16,40 @@ import msgspec
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 # "deadline": the request's deadline (or the engine's own timeout) stopped the sample;
-# "cancelled" only appears in traces, a cancelled caller never sees a result.
-FinishReason = Literal["stop", "length", "deadline", "cancelled"]
+# "cancelled" only appears in traces, a cancelled caller never sees a result;
+# "tool_calls": the model ended its turn with calls of the request's tools.
+FinishReason = Literal["stop", "length", "deadline", "cancelled", "tool_calls"]
+
+# What a request may ask of an engine beyond plain text (``asked_features``).
+Feature = Literal["tools", "json_object", "json_schema"]
+
+
+class ToolCall(msgspec.Struct, frozen=True):
+    """A call of one of the request's tools, in OpenAI's terms: ``arguments`` is the
+    JSON text of the call's arguments as the model wrote it."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+class ToolCallDelta(msgspec.Struct, frozen=True):
+    """Part of a streamed tool call. The first part of call ``index`` carries its id
+    and name; every part carries the next piece of its arguments' text (maybe none),
+    so that the pieces joined are the arguments."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
 
 
 class Message(msgspec.Struct, frozen=True):
     role: Role
     content: str
+    # An assistant turn's calls of tools, and the call a tool turn answers.
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
 
 
 # A conversation is rendered by the backend's template; a plain string is raw
@@ -47,6 +74,26 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     presence_penalty: float = 0.0
     logprobs: bool = False
     top_logprobs: int = 0
+    # What the answer must be beyond text, as the JSON text the client sent: OpenAI's
+    # `tools` array (legacy `functions` as tools), its `tool_choice`, and a
+    # `response_format` of json_object or json_schema. Text keeps params hashable (the
+    # cache and the coalescer key on them) and passes on to HTTP engines unchanged.
+    tools: str | None = None
+    tool_choice: str | None = None
+    response_format: str | None = None
+
+
+def asked_features(params: SamplingParams) -> tuple[Feature, ...]:
+    """What ``params`` asks beyond plain text, in the words an engine's ``features``
+    answer in."""
+    asked: list[Feature] = []
+    if params.tools is not None:
+        asked.append("tools")
+    if params.response_format is not None:
+        kind = msgspec.json.decode(params.response_format).get("type")
+        if kind in ("json_object", "json_schema"):
+            asked.append(kind)
+    return tuple(asked)
 
 
 class TopLogprob(msgspec.Struct, frozen=True):
@@ -74,6 +121,9 @@ class Sample(msgspec.Struct, frozen=True, kw_only=True):
     finish_reason: FinishReason
     completion_tokens: int
     logprobs: tuple[TokenLogprob, ...] = ()
+    # The calls the sample ends with (its finish_reason is then "tool_calls"); its
+    # text is whatever the model said beside them.
+    tool_calls: tuple[ToolCall, ...] = ()
     timings: Timings
 
 
@@ -98,6 +148,7 @@ class Delta(msgspec.Struct, frozen=True):
     index: int
     text: str
     logprobs: tuple[TokenLogprob, ...] = ()
+    tool_calls: tuple[ToolCallDelta, ...] = ()
     # Set on a stream's first delta by an engine answering in another's place (a
     # failover's stand-in): its name, before the Generation that names it exists.
     engine: str | None = None
@@ -137,6 +188,9 @@ class PromptTooLong(EngineError):
 class Engine(Protocol):
     name: str
     model: str
+    # What this engine answers beyond plain text, once started: a request asking for
+    # anything else is refused before it reaches the engine, never answered in text.
+    features: frozenset[Feature]
 
     async def start(self) -> None:
         """Load weights or open connections; the engine is ready when this returns."""

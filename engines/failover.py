@@ -25,9 +25,11 @@ from engines.base import (
     Engine,
     EngineOverloaded,
     EngineUnavailable,
+    Feature,
     Generation,
     Prompt,
     SamplingParams,
+    asked_features,
 )
 
 log = logging.getLogger("satisfice.engines")
@@ -49,6 +51,10 @@ class FailoverEngine:
     async def close(self) -> None:
         await self.primary.close()
 
+    @property
+    def features(self) -> frozenset[Feature]:
+        return self.primary.features
+
     def refusal(self) -> EngineOverloaded | None:
         # The primary's: a full primary refuses with 429, which is not failed over.
         return self.primary.refusal()
@@ -66,6 +72,8 @@ class FailoverEngine:
             first = await anext(events)
         except EngineUnavailable as exc:
             await events.aclose()
+            if not set(asked_features(params)) <= self.fallback.features:
+                raise  # the fallback would answer in plain text what asks for more
             self._fail_over(exc)
             events = self.fallback.stream(prompt, params, deadline)
             first = await anext(events)

@@ -19,6 +19,7 @@ from engines.admission import Admission
 from engines.base import (
     Delta,
     EngineOverloaded,
+    Feature,
     Generation,
     Prompt,
     Sample,
@@ -68,6 +69,8 @@ class FanOutEngine(ABC):
     model: str
     timeout_s: float | None
     counters: EngineCounters
+    # Plain text only, unless a backend says more (engines.base.Engine.features).
+    features: frozenset[Feature] = frozenset()
     _admission: Admission
 
     @property
