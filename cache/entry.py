@@ -129,10 +129,15 @@ def sampling_key(
     stop: Sequence[str] = (),
     frequency_penalty: float = 0.0,
     presence_penalty: float = 0.0,
+    response_format: str | None = None,
 ) -> str:
     """The sampling settings an answer depends on, as the engine samples it: at
-    temperature 0 it is greedy, and top_p and the seed change nothing."""
+    temperature 0 it is greedy, and top_p and the seed change nothing. A format the
+    answer was constrained to (its JSON text) keys it whole: an answer made for one
+    schema is no answer for another."""
     key = GREEDY if not temperature else f"t={temperature},p={top_p},seed={seed}"
     if stop or frequency_penalty or presence_penalty:
         key += f",stop={list(stop)},fp={frequency_penalty},pp={presence_penalty}"
+    if response_format is not None:
+        key += ",format=" + hashlib.sha256(response_format.encode()).hexdigest()[:32]
     return key

@@ -188,9 +188,13 @@ class PromptTooLong(EngineError):
 class Engine(Protocol):
     name: str
     model: str
-    # What this engine answers beyond plain text, once started: a request asking for
-    # anything else is refused before it reaches the engine, never answered in text.
-    features: frozenset[Feature]
+
+    @property
+    def features(self) -> frozenset[Feature]:
+        """What this engine answers beyond plain text, once started: a request asking
+        for anything else is refused before it reaches the engine, never answered in
+        plain text."""
+        ...
 
     async def start(self) -> None:
         """Load weights or open connections; the engine is ready when this returns."""

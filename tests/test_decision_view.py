@@ -47,6 +47,8 @@ def test_every_field_reaches_its_name() -> None:
         deadline=99.0,
         engine_s=0.25,
         policy="p-1",
+        single_pass="tools",
+        sticky="large",
     )
     assert msgspec.structs.asdict(decision.view()) == {
         "tenant": "t",
@@ -70,6 +72,8 @@ def test_every_field_reaches_its_name() -> None:
         "branches": 5,
         "tokens": 77,
         "policy": "p-1",
+        "single_pass": "tools",
+        "sticky": "large",
     }
 
 

@@ -169,6 +169,7 @@ _REFUSALS: dict[RefusalKind, tuple[int, str]] = {
     "embedder_overloaded": (429, "rate_limit_error"),
     "superseded": (409, "invalid_request_error"),
     "deadline_exceeded": (504, "server_error"),
+    "unsupported": (400, "invalid_request_error"),
 }
 
 # The status and error type of each reason a key is refused; the reason is the code.

@@ -23,10 +23,15 @@ from gateway.api.wire import (
     ChunkChoice,
     ChunkDelta,
     ErrorResponse,
+    FunctionCall,
+    FunctionCallDelta,
     ReasonedMessage,
     ThoughtChunk,
     ThoughtCompletion,
     TokenLogprob,
+    ToolCall,
+    ToolCallChunk,
+    ToolCallingMessage,
     TopLogprob,
     TracedCompletion,
     Usage,
@@ -34,7 +39,14 @@ from gateway.api.wire import (
 )
 from gateway.ops.ids import RandomHex
 from gateway.pipeline.exchange import Exchange
-from gateway.pipeline.outcome import Answering, Finished, Reasoning, Refused, TextDelta
+from gateway.pipeline.outcome import (
+    Answering,
+    Finished,
+    Reasoning,
+    Refused,
+    TextDelta,
+    ToolCallPart,
+)
 
 
 class Reply(msgspec.Struct, frozen=True, kw_only=True):
@@ -105,11 +117,14 @@ async def completion(answering: Answering, reply: Reply) -> bytes:
     logprobs: defaultdict[int, list[EngineLogprob]] = defaultdict(list)
     asked_logprobs = False
     reasoning: list[str] = []
+    calls: defaultdict[int, ToolCalls] = defaultdict(ToolCalls)
     end: Finished | None = None
     async with contextlib.aclosing(answering.events) as events:
         async for event in events:
             if isinstance(event, Reasoning):
                 reasoning.append(event.text)
+            elif isinstance(event, ToolCallPart):
+                calls[event.index].add(event)
             elif isinstance(event, TextDelta):
                 texts[event.index].append(event.text)
                 if event.logprobs is not None:
@@ -122,7 +137,11 @@ async def completion(answering: Answering, reply: Reply) -> bytes:
     choices = [
         Choice(
             index,
-            _message("".join(texts[index]), reasoning if reply.reasoning and index == 0 else None),
+            _message(
+                "".join(texts[index]),
+                reasoning if reply.reasoning and index == 0 else None,
+                calls[index].whole() if index in calls else [],
+            ),
             reason,
             _logprobs(logprobs[index]) if asked_logprobs else None,
         )
@@ -179,6 +198,9 @@ async def chunks(
                     logprobs = None if event.logprobs is None else _logprobs(event.logprobs)
                     text = ChunkChoice(event.index, ChunkDelta(content=event.text), None, logprobs)
                     yield opening(event.index) + chunk([text])
+                elif isinstance(event, ToolCallPart):
+                    delta = ChunkDelta(tool_calls=[_tool_call_chunk(event)])
+                    yield opening(event.index) + chunk([ChunkChoice(event.index, delta)])
                 else:
                     yield _ending(event, reply, opening, chunk)
             status, error = 200, ""
@@ -219,12 +241,45 @@ def _ending(
     return b"".join(parts)
 
 
-def _message(text: str, reasoning: list[str] | None) -> AssistantMessage:
+def _message(text: str, reasoning: list[str] | None, calls: list[ToolCall]) -> AssistantMessage:
     """A choice's message; with ``reasoning`` (asked for, and there was some), the
-    loop's reasoning beside it, in the field reasoning models use."""
+    loop's reasoning beside it, in the field reasoning models use; with ``calls``, the
+    tools it calls (and null content when it said nothing beside them)."""
+    if calls:
+        return ToolCallingMessage(text or None, tool_calls=calls)
     if not reasoning:
         return AssistantMessage(text)
     return ReasonedMessage(text, reasoning_content="".join(reasoning))
+
+
+class ToolCalls:
+    """A choice's tool calls, put together from their parts."""
+
+    def __init__(self) -> None:
+        self._calls: dict[int, tuple[str, str, list[str]]] = {}
+
+    def add(self, part: ToolCallPart) -> None:
+        call = part.call
+        if call.index not in self._calls:
+            self._calls[call.index] = (call.id or "", call.name or "", [])
+        self._calls[call.index][2].append(call.arguments)
+
+    def whole(self) -> list[ToolCall]:
+        return [
+            ToolCall(id=id_, function=FunctionCall(name, "".join(arguments)))
+            for _, (id_, name, arguments) in sorted(self._calls.items())
+        ]
+
+
+def _tool_call_chunk(part: ToolCallPart) -> ToolCallChunk:
+    """A tool call's part as OpenAI streams it: the first names the call, and each
+    carries the next piece of its arguments."""
+    call = part.call
+    if call.id is None and call.name is None:
+        return ToolCallChunk(call.index, function=FunctionCallDelta(arguments=call.arguments))
+    return ToolCallChunk(
+        call.index, call.id, "function", FunctionCallDelta(call.name, call.arguments)
+    )
 
 
 def _usage(end: Finished) -> Usage:

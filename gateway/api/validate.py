@@ -5,9 +5,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from engines.base import Engine, Message, SamplingParams
+import msgspec
+
+from engines.base import Engine, Message, SamplingParams, ToolCall
 from gateway.api.errors import APIError, shown
-from gateway.api.wire import ChatCompletionRequest, ChatMessage
+from gateway.api.wire import (
+    ChatCompletionRequest,
+    ChatMessage,
+    ChosenFunction,
+    ChosenTool,
+    JSONSchemaFormat,
+    TextFormat,
+    Tool,
+)
 from gateway.config import AUTO_MODEL, ServerSettings
 from gateway.pipeline.request import ChatRequest
 
@@ -23,7 +33,13 @@ def chat_request(
         raise unknown_model(request.model, engines, " (routing is turned off)")
     if request.model != AUTO_MODEL and request.model not in engines:
         raise unknown_model(request.model, engines)
-    _refuse_what_engines_cannot_do(request)
+    if request.logit_bias:
+        raise APIError(
+            400,
+            "logit_bias is not supported: no engine of this gateway biases tokens",
+            param="logit_bias",
+            code="unsupported_parameter",
+        )
     if len(request.messages) > limits.max_messages:
         raise APIError(
             400,
@@ -32,7 +48,7 @@ def chat_request(
         )
     params = _params(request, limits)
     messages = _messages(request.messages)
-    prompt_tokens = prompt_tokens_estimate(messages)
+    prompt_tokens = prompt_tokens_estimate(messages) + len(params.tools or "") // 4
     if limits.max_prompt_tokens is not None and prompt_tokens > limits.max_prompt_tokens:
         raise APIError(
             400,
@@ -67,6 +83,7 @@ def _params(request: ChatCompletionRequest, limits: ServerSettings) -> SamplingP
     if request.top_logprobs and not request.logprobs:
         raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
     stop = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
+    tools, tool_choice = _tools(request)
     return SamplingParams(
         max_tokens=max_tokens,
         # Unset: the config's default, which the cache then keys on as it is sampled.
@@ -81,30 +98,74 @@ def _params(request: ChatCompletionRequest, limits: ServerSettings) -> SamplingP
         presence_penalty=request.presence_penalty or 0.0,
         logprobs=bool(request.logprobs),
         top_logprobs=request.top_logprobs or 0,
+        tools=tools,
+        tool_choice=tool_choice,
+        response_format=_response_format(request),
     )
 
 
-def _refuse_what_engines_cannot_do(request: ChatCompletionRequest) -> None:
-    """400 for what the engines would silently ignore: tool calling, structured output
-    and logit bias. Answered anyway, such a request would get a plain-text answer it
-    did not ask for, and could be served one from the cache."""
-    asked = {
-        "tools": bool(request.tools),
-        "functions": bool(request.functions),
-        "tool_choice": request.tool_choice not in (None, "none"),
-        "function_call": request.function_call not in (None, "none"),
-        "response_format": request.response_format not in (None, {"type": "text"}),
-        "logit_bias": bool(request.logit_bias),
-    }
-    for field, wanted in asked.items():
-        if wanted:
+def _tools(request: ChatCompletionRequest) -> tuple[str | None, str | None]:
+    """The request's tools and its choice among them as the engines take them (JSON
+    text, the legacy ``functions`` as tools); a choice naming no tool given is a 400.
+    No tools, or a choice of none with any: (None, None), a plain-text request."""
+    if request.tools and request.functions:
+        raise APIError(400, "send tools or the legacy functions, not both", param="functions")
+    legacy = bool(request.functions)
+    tools = request.tools or [Tool(type="function", function=f) for f in request.functions or ()]
+    field = "function_call" if legacy else "tool_choice"
+    choice = request.function_call if legacy else request.tool_choice
+    if not tools:
+        if choice not in (None, "none"):
+            raise APIError(400, f"{field} needs {'functions' if legacy else 'tools'}", param=field)
+        return None, None
+    names = [t.function.name for t in tools]
+    if len(set(names)) < len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise APIError(
+            400,
+            f"each tool needs a name of its own; {shown(', '.join(twice))} is given twice",
+            param="functions" if legacy else "tools",
+        )
+    if choice == "none":
+        return None, None
+    if isinstance(choice, (ChosenTool, ChosenFunction)):
+        name = choice.function.name if isinstance(choice, ChosenTool) else choice.name
+        if name not in names:
             raise APIError(
                 400,
-                f"{field} is not supported: this gateway's engines answer in plain text, "
-                "without tool calls, structured output or logit bias",
+                f"{field} names {shown(name)}, which is none of the request's tools "
+                f"({shown(', '.join(names))})",
                 param=field,
-                code="unsupported_parameter",
             )
+        choice = ChosenTool(type="function", function=ChosenFunction(name))
+    return (
+        msgspec.json.encode(tools).decode(),
+        None if choice is None else msgspec.json.encode(choice).decode(),
+    )
+
+
+def _response_format(request: ChatCompletionRequest) -> str | None:
+    """The answer's format as the engines take it (JSON text); None for plain text."""
+    format_ = request.response_format
+    if format_ is None or isinstance(format_, TextFormat):
+        return None
+    if isinstance(format_, JSONSchemaFormat) and format_.json_schema.schema is not None:
+        _check_schema(format_.json_schema.schema)
+    return msgspec.json.encode(format_).decode()
+
+
+def _check_schema(schema: dict[str, object]) -> None:
+    """400 for a schema that no answer can be checked against (it is not one)."""
+    kind = schema.get("type")
+    known = ("object", "array", "string", "number", "integer", "boolean", "null")
+    kinds = kind if isinstance(kind, list) else [kind]
+    if kind is not None and not all(isinstance(k, str) and k in known for k in kinds):
+        raise APIError(
+            400,
+            f"response_format.json_schema.schema has type {shown(str(kind))}; a JSON Schema "
+            f"type is one of {', '.join(known)}",
+            param="response_format.json_schema.schema",
+        )
 
 
 def prompt_tokens_estimate(messages: Sequence[Message]) -> int:
@@ -123,7 +184,7 @@ def unknown_model(model: str, engines: Mapping[str, Engine], hint: str = "") -> 
 
 
 def _messages(messages: Sequence[ChatMessage]) -> tuple[Message, ...]:
-    out = []
+    out: list[Message] = []
     for i, message in enumerate(messages):
         content = message.content
         if isinstance(content, list):
@@ -144,5 +205,30 @@ def _messages(messages: Sequence[ChatMessage]) -> tuple[Message, ...]:
                     )
                 texts.append(part.text)
             content = "\n".join(texts)
-        out.append(Message(message.role, content or ""))
+        out.append(_message(i, message, content or "", out))
     return tuple(out)
+
+
+def _message(i: int, message: ChatMessage, content: str, earlier: list[Message]) -> Message:
+    """One message in the engines' terms: an assistant turn's calls, the call a tool
+    turn answers; the legacy API's function call and answer as a tool's."""
+    if message.role == "tool" and not message.tool_call_id:
+        raise APIError(
+            400,
+            "a tool message needs the tool_call_id of the call it answers",
+            param=f"messages[{i}].tool_call_id",
+        )
+    calls = tuple(
+        ToolCall(c.id, c.function.name, c.function.arguments) for c in message.tool_calls or ()
+    )
+    if message.function_call is not None:
+        call = message.function_call
+        calls += (ToolCall(f"call_{i}", call.name, call.arguments),)
+    if message.role == "function":
+        # The legacy answer names its function: it answers that function's last call.
+        answered = next(
+            (c.id for m in reversed(earlier) for c in m.tool_calls if c.name == message.name),
+            None,
+        )
+        return Message("tool", content, tool_call_id=answered or f"function_{message.name}")
+    return Message(message.role, content, tool_calls=calls, tool_call_id=message.tool_call_id)

@@ -15,7 +15,11 @@ from msgspec import Meta, Struct
 from evaluator.loop import LoopTrace
 from gateway.pipeline.outcome import DecisionView
 
-Role = Literal["system", "developer", "user", "assistant", "tool"]
+# "function": the legacy function-calling API's answer to a call, as "tool" is now.
+Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
+
+# OpenAI's rule for a function's name.
+FunctionName = Annotated[str, Meta(pattern="^[a-zA-Z0-9_-]{1,64}$")]
 
 
 class ContentPart(Struct, frozen=True):
@@ -23,11 +27,69 @@ class ContentPart(Struct, frozen=True):
     text: str | None = None
 
 
+class FunctionCall(Struct, frozen=True):
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+class ToolCall(Struct, frozen=True, kw_only=True):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(Struct, frozen=True):
     role: Role
     # None is allowed for assistant turns that only carried tool calls.
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant turn's calls
+    tool_call_id: str | None = None  # the call a tool turn answers
+    function_call: FunctionCall | None = None  # the legacy API's single call
+
+
+class FunctionDefinition(Struct, frozen=True):
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema of the arguments
+    strict: bool | None = None
+
+
+class Tool(Struct, frozen=True, kw_only=True):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class ChosenFunction(Struct, frozen=True):
+    name: str
+
+
+class ChosenTool(Struct, frozen=True, kw_only=True):
+    type: Literal["function"]
+    function: ChosenFunction
+
+
+class JSONSchema(Struct, frozen=True, kw_only=True):
+    name: FunctionName
+    description: str | None = None
+    # The JSON Schema the answer must validate against (None: any JSON value).
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class TextFormat(Struct, frozen=True, tag_field="type", tag="text"):
+    pass
+
+
+class JSONObjectFormat(Struct, frozen=True, tag_field="type", tag="json_object"):
+    pass
+
+
+class JSONSchemaFormat(Struct, frozen=True, tag_field="type", tag="json_schema"):
+    json_schema: JSONSchema
+
+
+ResponseFormat = TextFormat | JSONObjectFormat | JSONSchemaFormat
 
 
 class StreamOptions(Struct, frozen=True):
@@ -58,14 +120,15 @@ class ChatCompletionRequest(Struct, frozen=True, kw_only=True):
     logprobs: bool | None = False
     top_logprobs: Annotated[int, Meta(ge=0, le=20, extra_json_schema=_AT_LEAST_ZERO)] | None = None
     user: str | None = None
-    # Read only to be refused: the engines answer in plain text, and a request that asks
-    # for tool calls, structured output or biased tokens must not get (or be cached as)
-    # a plain answer. Empty or "none" / {"type": "text"} values ask for nothing.
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    functions: list[Any] | None = None
-    function_call: Any = None
-    response_format: dict[str, Any] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ChosenTool | None = None
+    parallel_tool_calls: bool | None = None
+    # The legacy function-calling API, answered as tools are.
+    functions: list[FunctionDefinition] | None = None
+    function_call: Literal["none", "auto"] | ChosenFunction | None = None
+    response_format: ResponseFormat | None = None
+    # Read only to be refused: no engine here biases tokens, and a request that asks
+    # for it must not get (or be cached as) an answer sampled without.
     logit_bias: dict[str, Any] | None = None
 
 
@@ -87,8 +150,14 @@ class ChoiceLogprobs(Struct, frozen=True):
 
 
 class AssistantMessage(Struct, frozen=True):
-    content: str
+    content: str | None
     role: Literal["assistant"] = "assistant"
+
+
+class ToolCallingMessage(AssistantMessage, frozen=True, kw_only=True):
+    """An answer that calls tools (its content is null when it says nothing else)."""
+
+    tool_calls: list[ToolCall]
 
 
 class ReasonedMessage(AssistantMessage, frozen=True, kw_only=True):
@@ -133,11 +202,27 @@ class TracedCompletion(ChatCompletion, frozen=True, kw_only=True):
     satisfice: DecisionView
 
 
+class FunctionCallDelta(Struct, frozen=True, omit_defaults=True):
+    name: str | None = None
+    arguments: str = ""
+
+
+class ToolCallChunk(Struct, frozen=True, omit_defaults=True):
+    """Part of a streamed tool call: its first part names it, every part adds to its
+    arguments."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta | None = None
+
+
 class ChunkDelta(Struct, frozen=True, omit_defaults=True):
     role: Literal["assistant"] | None = None
     content: str | None = None
     # The reasoning loop's progress while it thinks, as reasoning models stream theirs.
     reasoning_content: str | None = None
+    tool_calls: list[ToolCallChunk] | None = None
 
 
 class ChunkChoice(Struct, frozen=True):

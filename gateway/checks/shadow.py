@@ -43,6 +43,8 @@ def shortcuts_of(settled: Settled) -> tuple[Shortcut, ...]:
         return ()
     if len(answer.texts) != 1 or answer.finish_reasons != ("stop",):
         return ()
+    if request.params.tools is not None:  # the comparator reads text, not tool calls
+        return ()
     return shortcuts_taken(settled.decision)
 
 

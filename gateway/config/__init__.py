@@ -170,6 +170,11 @@ class TenantSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     # Per shortcut, this tenant's share in place of shadow_share and the shadow
     # section's shares.
     shadow_shares: dict[Shortcut, Share] = {}
+    # How many turns after one answered by the large path this tenant's conversations
+    # stay there (0: none); null: router.sticky_turns.
+    sticky_turns: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    # For at most how many seconds after that turn; null: router.sticky_s.
+    sticky_s: Annotated[float, msgspec.Meta(gt=0.0)] | None = None
 
 
 _NO_OVERRIDES = TenantSettings()

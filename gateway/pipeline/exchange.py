@@ -22,7 +22,7 @@ from collections.abc import AsyncGenerator, Callable
 import msgspec
 
 from gateway.pipeline.answer import Answer, Kept
-from gateway.pipeline.outcome import Decision, Event, Finished, Reasoning, TextDelta
+from gateway.pipeline.outcome import Decision, Event, Finished, Reasoning, TextDelta, ToolCallPart
 from gateway.pipeline.request import ChatRequest
 from gateway.pipeline.request_policy import Policy
 from router.embedder import Embedding
@@ -267,4 +267,6 @@ class Exchange:
 
 def _meaningful(event: Event) -> bool:
     """Whether ``event`` means something to a reader: text, not a status note."""
-    return isinstance(event, TextDelta) or (isinstance(event, Reasoning) and event.kind != "note")
+    if isinstance(event, Reasoning):
+        return event.kind != "note"
+    return isinstance(event, (TextDelta, ToolCallPart))

@@ -16,7 +16,7 @@ from typing import Literal
 
 import msgspec
 
-from engines.base import TokenLogprob
+from engines.base import TokenLogprob, ToolCallDelta
 from evaluator.loop import LoopTrace
 from evaluator.shown import ThoughtKind
 
@@ -59,6 +59,12 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     # The policy version in force when the request arrived (gateway.checks.policies):
     # the router, calibrator and verifier calibration that decided.
     policy: str = "shipped"
+    # Why a routed request took one pass where it would have thought (the loop votes on
+    # answers in text, not on tool calls or structured output): the feature asked for.
+    single_pass: str | None = None
+    # The tier a conversation stayed on because an earlier turn escalated to it, where
+    # this turn alone would have gone elsewhere.
+    sticky: str | None = None
 
     def view(self) -> DecisionView:
         """The decision as the flat fields every reader shows."""
@@ -88,6 +94,8 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
             None if trace is None else sum(len(r.branches) for r in trace.rounds),
             None if trace is None else trace.tokens,
             self.policy,
+            self.single_pass,
+            self.sticky,
         )
 
 
@@ -122,6 +130,8 @@ class DecisionView(msgspec.Struct, frozen=True, omit_defaults=True):
     branches: int | None = None
     tokens: int | None = None
     policy: str | None = None  # the policy version that decided
+    single_pass: str | None = None  # what made a routed request take one pass (tools, ...)
+    sticky: str | None = None  # the tier a conversation stayed on after escalating
 
 
 class TextDelta(msgspec.Struct, frozen=True):
@@ -141,6 +151,14 @@ class Reasoning(msgspec.Struct, frozen=True):
     kind: ThoughtKind = "note"
 
 
+class ToolCallPart(msgspec.Struct, frozen=True):
+    """Part of a tool call of choice ``index``: the first part names the call, each
+    adds to its arguments (engines.base.ToolCallDelta)."""
+
+    index: int
+    call: ToolCallDelta
+
+
 class Finished(msgspec.Struct, frozen=True):
     """The answer is whole: each choice's finish reason, in index order, usage, and
     the loop's trace when the loop answered (a client sees it with the answer)."""
@@ -151,7 +169,7 @@ class Finished(msgspec.Struct, frozen=True):
     loop: LoopTrace | None = None
 
 
-Event = TextDelta | Reasoning | Finished
+Event = TextDelta | Reasoning | ToolCallPart | Finished
 
 
 class Answering(msgspec.Struct, frozen=True):
@@ -169,6 +187,7 @@ RefusalKind = Literal[
     "embedder_overloaded",
     "superseded",
     "deadline_exceeded",
+    "unsupported",
 ]
 
 

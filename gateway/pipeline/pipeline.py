@@ -24,7 +24,7 @@ import msgspec
 from cache.coalesce import Coalescer, Flight
 from cache.entry import Namespace, context_fingerprint, entry_id, sampling_key
 from cache.semantic_cache import Hit, Miss, SemanticCache
-from engines.base import Delta, Engine, Generation
+from engines.base import Delta, Engine, Generation, ToolCallDelta, asked_features
 from evaluator.loop import Fallback, LoopResult, LoopTrace, ReasoningLoop
 from evaluator.shown import Thinking
 from gateway.config import AUTO_MODEL
@@ -33,9 +33,18 @@ from gateway.pipeline.exchange import Exchange, Settlement
 from gateway.pipeline.keeping import Keeper
 from gateway.pipeline.lead import Lead
 from gateway.pipeline.live import LiveWork
-from gateway.pipeline.outcome import Answering, Event, Finished, Reasoning, Refused, TextDelta
+from gateway.pipeline.outcome import (
+    Answering,
+    Event,
+    Finished,
+    Reasoning,
+    Refused,
+    TextDelta,
+    ToolCallPart,
+)
 from gateway.pipeline.request import ChatRequest
 from gateway.pipeline.request_policy import Policy
+from gateway.pipeline.sticky import Escalations, first_turn_key
 from gateway.pipeline.turns import LoopRun, Superseded, Turns
 from router.embedder import Embedder, EmbedderOverloaded, Embedding
 from router.router import RouteDecision, Router, Tier
@@ -65,6 +74,7 @@ class Pipeline:
         self.turns = Turns()
         self._flights: Coalescer[SharedAnswer] = Coalescer()
         self.live = LiveWork()
+        self.escalations = Escalations()
 
     @property
     def loop(self) -> ReasoningLoop | None:
@@ -99,16 +109,24 @@ class Pipeline:
             )
         # 4: where it goes.
         route = None
+        sticky = None
         if request.model == AUTO_MODEL:
             route = await self._route(embedded, policy)
             exchange.decide(difficulty=route.score)
             exchange.embedding = embedded.value  # for a policy version in shadow to route
+            sticky = _sticky_key(request, policy)
+            if sticky is not None and route.tier == "small" and self.escalations.stays(sticky):
+                route = self._to_tier(route, "large")
+                exchange.decide(sticky="large")
         engine = self._engines[route.engine if route is not None else request.model]
         decision = exchange.decide(
             route=route.tier if route is not None else engine.name,
             engine=engine.name,
             deadline=policy.deadline(engine.name),
         )
+        _refuse_unless_able(engine, request)
+        if sticky is not None and route is not None and route.tier == "large":
+            self._escalated(sticky, policy)
 
         # An identical request in flight answers this one too.
         flight, shared = await self._coalesce(plan, policy, request, engine, decision.deadline)
@@ -133,7 +151,7 @@ class Pipeline:
         as the router decides, or to ``tier`` when given (a routed request's only). For
         background checks of shortcuts (gateway.checks): it is not live work, and its
         exchange settles where no subscriber hears it."""
-        policy = msgspec.structs.replace(policy, cache=None, conversation=None)
+        policy = msgspec.structs.replace(policy, cache=None, conversation=None, stickiness=None)
         request = msgspec.structs.replace(request, stream=False)
         exchange = Exchange(Settlement(), tenant=policy.tenant, model=request.model, key=None,
                             request_id=None, started=policy.arrived)  # fmt: skip
@@ -141,12 +159,8 @@ class Pipeline:
         route = None
         if request.model == AUTO_MODEL:
             route = await self._route(Embedded(self._embedder, request.last_user_turn, []), policy)
-            router = self._router
-            assert router is not None
             if tier is not None and route.tier != tier:
-                settings = router.settings
-                engine_name = settings.large_engine if tier == "large" else settings.small_engine
-                route = msgspec.structs.replace(route, tier=tier, engine=engine_name)
+                route = self._to_tier(route, tier)
         engine = self._engines[route.engine if route is not None else request.model]
         exchange.decide(
             route=route.tier if route is not None else engine.name,
@@ -202,8 +216,9 @@ class Pipeline:
             return None
         params, last = request.params, request.messages[-1]
         # Several samples, token logprobs or an unfinished assistant turn are not
-        # answers a cache keeps.
-        if params.n > 1 or params.logprobs or last.role != "user":
+        # answers a cache keeps; nor is a turn that may call tools: a call acts on the
+        # world, and is made again when asked again.
+        if params.n > 1 or params.logprobs or last.role != "user" or params.tools:
             return None
         if params.temperature and not policy.cache.cache_sampled:
             return None
@@ -220,6 +235,7 @@ class Pipeline:
                 stop=params.stop,
                 frequency_penalty=params.frequency_penalty,
                 presence_penalty=params.presence_penalty,
+                response_format=params.response_format,
             ),
         )
         control = policy.control
@@ -307,6 +323,19 @@ class Pipeline:
         embedded = Embedded(self._embedder, request.last_user_turn, [])
         return await self._route(embedded, policy)
 
+    def _to_tier(self, route: RouteDecision, tier: Tier) -> RouteDecision:
+        """``route`` sent to ``tier`` instead, whatever its score said."""
+        router = self._router
+        assert router is not None
+        settings = router.settings
+        engine = settings.large_engine if tier == "large" else settings.small_engine
+        return msgspec.structs.replace(route, tier=tier, engine=engine)
+
+    def _escalated(self, sticky: str, policy: Policy) -> None:
+        """The conversation ``sticky`` was answered by the large path: it stays there."""
+        assert policy.stickiness is not None
+        self.escalations.escalated(sticky, policy.stickiness)
+
     async def _route(self, embedded: Embedded, policy: Policy) -> RouteDecision:
         router = self._router
         assert router is not None
@@ -325,6 +354,11 @@ class Pipeline:
         keeper: Keeper,
     ) -> AsyncGenerator[Event]:
         loop = self._loop_for(request, route, policy)
+        if loop is not None and (asked := asked_features(request.params)):
+            # The loop votes on answers in text; a tool call or a structured answer is
+            # the routed engine's one pass.
+            exchange.decide(single_pass=asked[0])
+            loop = None
         if loop is None:
             return await self._generate(engine, request, exchange, keeper)
         if loop.engine.name == engine.name:  # hard: the loop answers
@@ -337,6 +371,8 @@ class Pipeline:
         exchange.decide(confidence=probability)
         if probability < (loop.settings.escalate_below or 0.0):
             exchange.decide(escalated_from=engine.name)
+            if (sticky := _sticky_key(request, policy)) is not None:
+                self._escalated(sticky, policy)
             return self._think(loop, request, policy, exchange, keeper)
         answer = _answer_of(generation)
         decision = exchange.decide(engine=generation.engine)
@@ -448,6 +484,10 @@ def _context(request: ChatRequest) -> str:
         (m.role, m.content) if name is None else (m.role, m.content, name)
         for m, name in zip(request.messages[:-1], names[:-1], strict=True)
     ]
+    for i, m in enumerate(request.messages[:-1]):  # what the tools said, and were asked
+        if m.tool_calls or m.tool_call_id is not None:
+            calls = [(c.id, c.name, c.arguments) for c in m.tool_calls]
+            turns.append(("tools", str(i), msgspec.json.encode([m.tool_call_id, calls]).decode()))
     if names[-1] is not None:
         turns.append(("name", names[-1]))
     return context_fingerprint(turns)
@@ -470,7 +510,10 @@ async def _generated(
     async with contextlib.aclosing(events):
         event = first
         while isinstance(event, Delta):
-            yield TextDelta(event.index, event.text, event.logprobs if logprobs else None)
+            if event.text or not event.tool_calls:
+                yield TextDelta(event.index, event.text, event.logprobs if logprobs else None)
+            for call in event.tool_calls:
+                yield ToolCallPart(event.index, call)
             event = await anext(events)
     _whole(event, exchange, keeper)
     yield _finished(event)
@@ -481,6 +524,8 @@ async def _whole_events(generation: Generation, logprobs: bool) -> AsyncGenerato
     samples = sorted(generation.samples, key=lambda s: s.index)
     for s in samples:
         yield TextDelta(s.index, s.text, s.logprobs if logprobs else None)
+        for i, call in enumerate(s.tool_calls):
+            yield ToolCallPart(s.index, ToolCallDelta(i, call.id, call.name, call.arguments))
     yield _finished(generation)
 
 
@@ -629,6 +674,39 @@ class Embedded:
                 raise Refused("embedder_overloaded", str(exc), retry_after_s=1.0) from None
             self.ms = (time.perf_counter() - started) * 1000
         return self._embedding
+
+
+def _sticky_key(request: ChatRequest, policy: Policy) -> str | None:
+    """What names ``request``'s conversation for staying where it escalated; None:
+    stickiness is off for its tenant, or nothing names its conversation."""
+    if policy.stickiness is None:
+        return None
+    if policy.conversation is not None:
+        return policy.conversation
+    if policy.sticky_by_first_turn:
+        return first_turn_key(policy.tenant, request.messages)
+    return None
+
+
+def _refuse_unless_able(engine: Engine, request: ChatRequest) -> None:
+    """400 for a request asking ``engine`` for what it cannot do: answered anyway, it
+    would get (and the cache could keep) a plain-text answer it did not ask for."""
+    for feature in asked_features(request.params):
+        if feature not in engine.features:
+            able = ", ".join(_FEATURE_NAMES[f] for f in sorted(engine.features))
+            raise Refused(
+                "unsupported",
+                f"engine {engine.name!r} cannot answer with {_FEATURE_NAMES[feature]}; "
+                f"it answers with {able or 'plain text only'}",
+                param="tools" if feature == "tools" else "response_format",
+            )
+
+
+_FEATURE_NAMES = {
+    "tools": "tool calls",
+    "json_object": "a JSON object (response_format json_object)",
+    "json_schema": "JSON of a given schema (response_format json_schema)",
+}
 
 
 def _refuse_if_full(engines: list[Engine]) -> None:

@@ -15,6 +15,7 @@ from cache.settings import CacheSettings
 from evaluator.loop import FallbackSettings
 from evaluator.policy import LoopSettings
 from gateway.config import GatewayConfig
+from gateway.pipeline.sticky import Stickiness
 
 
 class CacheControl(msgspec.Struct, frozen=True):
@@ -46,6 +47,10 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True):
     cache: CacheSettings | None  # None: no cache
     control: CacheControl
     conversation: str | None  # the conversation this request is a turn of, if it says
+    # How long a conversation stays on the large path after escalating (None: it does
+    # not), and whether one is also known by its first turn (router.sticky_by).
+    stickiness: Stickiness | None = None
+    sticky_by_first_turn: bool = False
 
     def deadline(self, engine: str) -> float | None:
         """When a request answered by ``engine`` is out of time (monotonic seconds)."""
@@ -86,6 +91,11 @@ def resolve(
     router_threshold = own.router_threshold
     if router_threshold is None and config.router is not None:
         router_threshold = config.router.threshold
+    stickiness = None
+    if config.router is not None:
+        turns = config.router.sticky_turns if own.sticky_turns is None else own.sticky_turns
+        seconds = config.router.sticky_s if own.sticky_s is None else own.sticky_s
+        stickiness = Stickiness(turns, seconds) if turns else None
     return Policy(
         tenant=tenant,
         arrived=arrived,
@@ -97,4 +107,6 @@ def resolve(
         control=control,
         # The tenant scopes the conversation: one tenant's turn never stops another's.
         conversation=None if conversation is None else f"{tenant}\x00{conversation}",
+        stickiness=stickiness,
+        sticky_by_first_turn=config.router is not None and config.router.sticky_by == "first_turn",
     )
