@@ -1,11 +1,12 @@
-"""Every failure leaves the API in OpenAI's error shape, with a status a client can act on."""
+"""Every failure leaves the API in its own API's error shape (OpenAI's, or Anthropic's on
+/v1/messages), with a status a client can act on."""
 
 from __future__ import annotations
 
 import logging
 import math
 import re
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from litestar import Request, Response
@@ -150,16 +151,63 @@ class APIError(Exception):
         its type."""
         return self.body.code or self.body.type
 
-    def response(self) -> Response[bytes]:
+    def response(self, shape: ErrorShape = "openai") -> Response[bytes]:
         headers = {}
         if self.retry_after_s is not None:
             headers["Retry-After"] = str(max(1, math.ceil(self.retry_after_s)))
         return Response(
-            msgspec.json.encode(ErrorResponse(self.body)),
+            self.encoded(shape),
             status_code=self.status,
             media_type="application/json",
             headers=headers,
         )
+
+    def encoded(self, shape: ErrorShape = "openai") -> bytes:
+        """The error's body in ``shape``: OpenAI's ``{"error": {message, type, param,
+        code}}``, or Anthropic's ``{"type": "error", "error": {type, message}}``, whose
+        message names the field at fault, as Anthropic's does."""
+        if shape == "openai":
+            return msgspec.json.encode(ErrorResponse(self.body))
+        message = self.body.message
+        if self.body.param and self.body.param not in message:
+            message = f"{self.body.param}: {message}"
+        kind = _ANTHROPIC_TYPES.get(
+            self.status, "api_error" if self.status >= 500 else "invalid_request_error"
+        )
+        return msgspec.json.encode(AnthropicError(AnthropicErrorBody(kind, message)))
+
+
+# The error shape of each API: OpenAI's for chat completions and responses.
+ErrorShape = Literal["openai", "anthropic"]
+MESSAGES_PATH = "/v1/messages"
+CHAT_PATHS = frozenset({"/v1/chat/completions", "/v1/responses", MESSAGES_PATH})
+
+
+def shape_of(path: str) -> ErrorShape:
+    """The error shape a request to ``path`` is answered in."""
+    return "anthropic" if path == MESSAGES_PATH else "openai"
+
+
+class AnthropicErrorBody(msgspec.Struct, frozen=True):
+    type: str
+    message: str
+
+
+class AnthropicError(msgspec.Struct, frozen=True, tag_field="type", tag="error"):
+    error: AnthropicErrorBody
+
+
+# Anthropic's error type for each status it documents.
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
 
 
 # The status and error type of each reason the pipeline refuses a request.
@@ -180,7 +228,6 @@ _KEY_REFUSALS: dict[KeyRefusal, tuple[int, str]] = {
     "not_admin": (403, "permission_error"),
 }
 
-_CHAT_PATH = "/v1/chat/completions"
 # Litestar's word for a body whose client left before it was whole.
 _LEFT_MID_BODY = "client disconnected prematurely"
 _MISSING = re.compile(r"missing required field `([^`]+)`")
@@ -212,7 +259,7 @@ def _answered(
     the frame that raised it, which only Python's rare full collection frees. Under
     overload, 429s kept hundreds of MiB alive between collections."""
     exc.__traceback__ = None
-    if request.scope["path"] == _CHAT_PATH and request.method == "POST":
+    if request.scope["path"] in CHAT_PATHS and request.method == "POST":
         exchange: Exchange | None = request.state.get(EXCHANGE)
         if exchange is None:
             caller = request.state.get("caller")
@@ -238,31 +285,37 @@ def _reason(exc: BaseException) -> str:
     return "internal_error"
 
 
+def _shaped(
+    request: Request[Any, Any, Any], exc: BaseException, error: APIError
+) -> Response[bytes]:
+    return _answered(request, exc, error.response(shape_of(request.scope["path"])))
+
+
 def _api_error(request: Request[Any, Any, Any], exc: APIError) -> Response[bytes]:
-    return _answered(request, exc, exc.response())
+    return _shaped(request, exc, exc)
 
 
 def _engine_error(request: Request[Any, Any, Any], exc: EngineError) -> Response[bytes]:
-    return _answered(request, exc, APIError.from_engine(exc).response())
+    return _shaped(request, exc, APIError.from_engine(exc))
 
 
 def _refused(request: Request[Any, Any, Any], exc: Refused) -> Response[bytes]:
-    return _answered(request, exc, APIError.from_refusal(exc).response())
+    return _shaped(request, exc, APIError.from_refusal(exc))
 
 
 def _key_refused(request: Request[Any, Any, Any], exc: KeyRefused) -> Response[bytes]:
-    return _answered(request, exc, APIError.from_key(exc).response())
+    return _shaped(request, exc, APIError.from_key(exc))
 
 
 def _limit_refused(request: Request[Any, Any, Any], exc: LimitRefused) -> Response[bytes]:
-    return _answered(request, exc, APIError.from_limit(exc).response())
+    return _shaped(request, exc, APIError.from_limit(exc))
 
 
 def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
     if isinstance(exc, ValidationException):
         message, param = _validation_message(exc)
         refusal = APIError(400, f"invalid request body: {message}", param=param)
-        return _answered(request, exc, refusal.response())
+        return _shaped(request, exc, refusal)
     if isinstance(exc, InternalServerException) and exc.detail == _LEFT_MID_BODY:
         # The body never came whole: the client left before it had sent it, or it came
         # too slowly and the server closed the connection with a 408 of its own.
@@ -283,7 +336,7 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
         type="invalid_request_error" if exc.status_code < 500 else "server_error",
         code=kinds.get(exc.status_code),
     )
-    return _answered(request, exc, error.response())
+    return _shaped(request, exc, error)
 
 
 def _client_gone(request: Request[Any, Any, Any], exc: ClientGone) -> Response[bytes]:
@@ -294,7 +347,7 @@ def _client_gone(request: Request[Any, Any, Any], exc: ClientGone) -> Response[b
 def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     error = APIError(HTTP_500_INTERNAL_SERVER_ERROR, "internal error", type="server_error")
-    return _answered(request, exc, error.response())
+    return _shaped(request, exc, error)
 
 
 class JSONRequest(Request[Any, Any, Any]):

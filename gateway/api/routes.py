@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
+import msgspec
 from litestar import Request, Response, get, post
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
@@ -22,7 +23,7 @@ from litestar.types import ASGIApp
 
 from engines.base import EngineError
 from gateway.api import render
-from gateway.api.errors import EXCHANGE, APIError, ClientGone
+from gateway.api.errors import EXCHANGE, APIError, ClientGone, ErrorShape
 from gateway.api.feedback import feedback
 from gateway.api.front import HANDED, Admitted, admit, charge, open_exchange
 from gateway.api.guards import require_json, require_key
@@ -33,7 +34,7 @@ from gateway.config import AUTO_MODEL, GatewayConfig
 from gateway.ops.keys import Caller
 from gateway.ops.metrics import CLIENT_CLOSED, CONTENT_TYPE
 from gateway.pipeline.exchange import Exchange
-from gateway.pipeline.outcome import Refused
+from gateway.pipeline.outcome import Answering, Refused
 from gateway.pipeline.pipeline import Pipeline
 from gateway.pipeline.request import ChatRequest
 from gateway.pipeline.request_policy import Policy, resolve
@@ -94,6 +95,33 @@ def _ready(state: State) -> Runtime:
 async def chat_completions(
     data: ChatCompletionRequest, state: State, request: Request[Any, Any, Any]
 ) -> ASGIApp:
+    return await answer_chat(data, state, request, CHAT_COMPLETIONS)
+
+
+class Dialect(msgspec.Struct, frozen=True):
+    """One API's way of answering a chat request: OpenAI's chat completions, or one
+    translated onto it (the Responses API, Anthropic's Messages), each with its own
+    ids, bodies, stream events and error shape, all onto the one pipeline."""
+
+    shape: ErrorShape
+    new_id: Callable[[], str]
+    # The answer whole, as the response body; raises what the answer raised.
+    whole: Callable[[Answering, render.Reply], Awaitable[bytes]]
+    # The answer as a stream's bytes; an error after it began goes in the stream, and
+    # ``exchange`` hears the first event go out and the stream end (render.chunks).
+    stream: Callable[[Answering, render.Reply, Exchange], AsyncIterator[bytes]]
+
+
+CHAT_COMPLETIONS = Dialect("openai", render.completion_id, render.completion, render.chunks)
+
+
+async def answer_chat(
+    data: ChatCompletionRequest,
+    state: State,
+    request: Request[Any, Any, Any],
+    dialect: Dialect,
+) -> ASGIApp:
+    """A chat request, in chat completions' terms, answered in ``dialect``'s."""
     runtime: Runtime = state.runtime
     # Read once: each read of request.state builds a new State (and its lock).
     own = request.state
@@ -105,7 +133,7 @@ async def chat_completions(
         exchange = handed[0]
     own[EXCHANGE] = exchange  # ended below, however the request ends
     try:
-        response = await _chat(state, request, data, own.config, caller, exchange, handed)
+        response = await _chat(state, request, data, own.config, caller, exchange, handed, dialect)
     except BaseException as exc:
         status, error = ending(exc)
         exchange.end(status, error)
@@ -121,6 +149,7 @@ async def _chat(
     caller: Caller,
     exchange: Exchange,
     handed: tuple[Exchange, Admitted] | None,
+    dialect: Dialect,
 ) -> Response[Any]:
     runtime = _ready(state)
     if handed is None:
@@ -131,7 +160,7 @@ async def _chat(
         admitted = handed[1]
     chat, policy, pipeline = admitted.chat, admitted.policy, runtime.pipeline
     reply = render.Reply(
-        id=render.completion_id(),
+        id=dialect.new_id(),
         created=int(time.time()),
         model=data.model,
         include_usage=chat.include_usage,
@@ -142,19 +171,19 @@ async def _chat(
     # client, by closing the stream, which ends the exchange).
     if chat.stream:
         answering = await _unless_gone(request, pipeline.run(chat, policy, exchange))
-        body = render.chunks(answering, reply, exchange)
+        body = dialect.stream(answering, reply, exchange)
         headers = {**decision_headers(answering.decision), "Cache-Control": "no-cache"}
         return Stream(body, media_type="text/event-stream", headers=headers)
     try:
         completion = await _unless_gone(
-            request, _completion(pipeline, chat, policy, exchange, reply)
+            request, _whole(pipeline, chat, policy, exchange, reply, dialect)
         )
     except (Refused, EngineError) as exc:
         # The error says what was decided up to then (the loop's deadline with the error
         # fallback, a newer turn, an engine that refused).
         error = APIError.of(exc)
         assert error is not None
-        refusal = error.response()
+        refusal = error.response(dialect.shape)
         refusal.headers.update(decision_headers(exchange.decision))
         exchange.end(error.status, error.reason)
         return refusal
@@ -163,11 +192,16 @@ async def _chat(
     return Response(completion, media_type="application/json", headers=headers)
 
 
-async def _completion(
-    pipeline: Pipeline, chat: ChatRequest, policy: Policy, exchange: Exchange, reply: render.Reply
+async def _whole(
+    pipeline: Pipeline,
+    chat: ChatRequest,
+    policy: Policy,
+    exchange: Exchange,
+    reply: render.Reply,
+    dialect: Dialect,
 ) -> bytes:
-    """A plain answer, whole: the pipeline's answer, drained into one completion."""
-    return await render.completion(await pipeline.run(chat, policy, exchange), reply)
+    """A plain answer, whole: the pipeline's answer, drained into one body."""
+    return await dialect.whole(await pipeline.run(chat, policy, exchange), reply)
 
 
 async def _unless_gone(request: Request[Any, Any, Any], work: Awaitable[T]) -> T:
