@@ -2,7 +2,8 @@
 
 Every sample is requested as a stream, even for ``generate``: deltas arrive as the
 server makes them, a deadline can cut a sample short and keep what exists, and a
-server that dies mid-answer is noticed at once instead of at the read timeout.
+server that dies mid-answer is noticed at once instead of at the read timeout. Tools,
+tool choice and response format pass through to the server (engines/openai_tools.py).
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import contextlib
 import re
 import secrets
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import httpx
 import msgspec
@@ -24,6 +25,7 @@ from engines.base import (
     EngineError,
     EngineOverloaded,
     EngineUnavailable,
+    Feature,
     FinishReason,
     Generation,
     Prompt,
@@ -36,8 +38,17 @@ from engines.base import (
 )
 from engines.breaker import Breaker, BreakerOpen, Ticket
 from engines.fanout import EngineCounters, FanOutEngine, SampleDone, remaining
+from engines.openai_tools import (
+    CallAssembler,
+    CallPiece,
+    FunctionPiece,
+    asked_fields,
+    wire_messages,
+)
 from engines.settings import OpenAIHTTPSettings
 from engines.templates import CompletionTemplate
+
+T = TypeVar("T")
 
 
 class _ChatLogprob(msgspec.Struct):
@@ -57,12 +68,17 @@ class _Logprobs(msgspec.Struct):
 
 
 class _ChatDelta(msgspec.Struct):
+    """A stream's delta, or the whole message of an answer that was not streamed."""
+
     content: str | None = None
+    tool_calls: list[CallPiece] | None = None
+    function_call: FunctionPiece | None = None
 
 
 class _Choice(msgspec.Struct):
     index: int = 0
     delta: _ChatDelta | None = None
+    message: _ChatDelta | None = None
     text: str | None = None
     finish_reason: str | None = None
     logprobs: _Logprobs | None = None
@@ -106,25 +122,32 @@ class _StreamedAnswer:
         self.first_token_at: float | None = None
         self.pieces: list[str] = []
         self.logprobs: list[TokenLogprob] = []
+        self.calls = CallAssembler()
         self.finish: FinishReason | None = None
         self.usage = _Usage()
 
     def add(self, choice: _Choice) -> Delta | None:
         """Takes one choice of a chunk; the delta it brings, if it brings any."""
-        text = choice.text if choice.delta is None else choice.delta.content
+        part = choice.delta or choice.message
+        text = choice.text if part is None else part.content
+        calls = () if part is None else self.calls.add(part.tool_calls, part.function_call)
         new = _decode_logprobs(choice.logprobs)
         if choice.finish_reason is not None:
-            self.finish = "length" if choice.finish_reason == "length" else "stop"
-        if not (text or new):
+            self.finish = _finish_reason(choice.finish_reason)
+        if not (text or new or calls):
             return None
         if self.first_token_at is None:
             self.first_token_at = time.monotonic()
         self.pieces.append(text or "")
         self.logprobs.extend(new)
-        return Delta(self.index, text or "", new)
+        return Delta(self.index, text or "", new, calls)
 
     def sample(self, finish: FinishReason, keep_logprobs: bool, queue_s: float) -> Sample:
         """The whole sample, once it has finished."""
+        if finish in ("stop", "tool_calls"):
+            # A sample that ends with calls finishes "tool_calls", whatever the server
+            # says: OpenAI and vLLM say "stop" after a call the tool choice forced.
+            finish = "tool_calls" if self.calls else "stop"
         first_token_at = self.first_token_at
         return Sample(
             index=self.index,
@@ -134,6 +157,7 @@ class _StreamedAnswer:
                 self.usage.completion_tokens or len(self.logprobs) or len(self.pieces)
             ),
             logprobs=tuple(self.logprobs) if keep_logprobs else (),
+            tool_calls=self.calls.calls(),
             timings=Timings(
                 queue_s=queue_s,
                 first_token_s=None if first_token_at is None else first_token_at - self.started,
@@ -142,10 +166,24 @@ class _StreamedAnswer:
         )
 
 
+def _finish_reason(reason: str) -> FinishReason:
+    """The server's finish reason in ours; any we do not know (trtllm-serve's "timeout"
+    and "cancelled", vLLM's "abort") ended the answer, as "stop" does."""
+    if reason == "length":
+        return "length"
+    if reason in ("tool_calls", "function_call"):  # the latter: the legacy functions API
+        return "tool_calls"
+    return "stop"
+
+
 class OpenAIHTTPEngine(FanOutEngine):
     def __init__(self, name: str, settings: OpenAIHTTPSettings) -> None:
         self.name = name
         self.model = settings.model
+        features: frozenset[Feature] = frozenset(settings.features)
+        if settings.api == "completions":
+            features -= {"tools"}  # a prompt of text has no place for tools
+        self.features = features
         self.timeout_s = settings.timeout_s
         self._settings = settings
         self._admission = Admission(
@@ -234,7 +272,10 @@ class OpenAIHTTPEngine(FanOutEngine):
             # Some servers (trtllm-serve) fall back to one fixed seed, which would make
             # every unseeded sample, and every fanned-out branch, the same answer.
             body["seed"] = secrets.randbelow(2**31)
+        body.update(asked_fields(params))
         if isinstance(prompt, str) or self._settings.api == "completions":
+            if params.tools is not None:
+                raise EngineError(self.name, "tools need a conversation on the chat API")
             if not isinstance(prompt, str):
                 assert self._template is not None
                 prompt = self._template.render(prompt)
@@ -242,7 +283,7 @@ class OpenAIHTTPEngine(FanOutEngine):
             if params.logprobs:
                 body["logprobs"] = max(params.top_logprobs, 1)
             return "/completions", body
-        body["messages"] = [{"role": m.role, "content": m.content} for m in prompt]
+        body["messages"] = wire_messages(prompt)
         if params.logprobs:
             body["logprobs"] = True
             body["top_logprobs"] = params.top_logprobs
@@ -273,14 +314,15 @@ class OpenAIHTTPEngine(FanOutEngine):
         path, body = self._request(prompt, params)
         answer = _StreamedAnswer(index)
         async with self._connect(path, body) as response:
-            lines = response.aiter_lines()
+            chunks = self._chunks(response, deadline)
             try:
-                while (chunk := await self._next_chunk(lines, deadline)) is not None:
-                    if chunk.usage is not None:
-                        answer.usage = chunk.usage
-                    for choice in chunk.choices:
-                        if (delta := answer.add(choice)) is not None:
-                            yield delta
+                async with contextlib.aclosing(chunks):
+                    async for chunk in chunks:
+                        if chunk.usage is not None:
+                            answer.usage = chunk.usage
+                        for choice in chunk.choices:
+                            if (delta := answer.add(choice)) is not None:
+                                yield delta
             except TimeoutError:
                 answer.finish = "deadline"
         finish = answer.finish
@@ -289,38 +331,56 @@ class OpenAIHTTPEngine(FanOutEngine):
         sample = answer.sample(finish, params.logprobs, queue_s)
         yield SampleDone(sample, answer.usage.prompt_tokens)
 
-    async def _next_chunk(self, lines: AsyncIterator[str], deadline: float | None) -> _Chunk | None:
-        """The stream's next chunk, or None at its end; TimeoutError at the deadline."""
+    async def _chunks(
+        self, response: httpx.Response, deadline: float | None
+    ) -> AsyncGenerator[_Chunk]:
+        """The answer's chunks as they come; TimeoutError at the deadline."""
+        if response.headers.get("content-type", "").startswith("application/json"):
+            # Answered whole although a stream was asked for (a server may ignore
+            # `stream`): one chunk, whose choices hold whole messages.
+            yield self._decode(await self._read(response.aread(), deadline))
+            return
+        lines = response.aiter_lines()
         while True:
             try:
-                async with asyncio.timeout(remaining(deadline)):
-                    line = await anext(lines)
+                line = await self._read(anext(lines), deadline)
             except StopAsyncIteration:
-                return None
-            except httpx.ReadTimeout as exc:
-                raise EngineUnavailable(
-                    self.name, f"server sent nothing for {self._settings.read_timeout_s}s"
-                ) from exc
-            except (httpx.ReadError, httpx.RemoteProtocolError) as exc:
-                raise EngineUnavailable(
-                    self.name, "server closed the connection mid-answer"
-                ) from exc
+                return
             if not line.startswith("data:"):
                 continue
             data = line[5:].strip()
             if data == "[DONE]":
-                return None
-            try:
-                return msgspec.json.decode(data, type=_Chunk)
-            except msgspec.DecodeError as exc:
-                raise EngineUnavailable(self.name, f"unreadable stream chunk: {exc}") from exc
+                return
+            yield self._decode(data)
+
+    async def _read(self, pending: Awaitable[T], deadline: float | None) -> T:
+        """What the server sends next, with its failures in our terms."""
+        try:
+            async with asyncio.timeout(remaining(deadline)):
+                return await pending
+        except httpx.ReadTimeout as exc:
+            raise EngineUnavailable(
+                self.name, f"server sent nothing for {self._settings.read_timeout_s}s"
+            ) from exc
+        except (httpx.ReadError, httpx.RemoteProtocolError) as exc:
+            raise EngineUnavailable(self.name, "server closed the connection mid-answer") from exc
+
+    def _decode(self, data: str | bytes) -> _Chunk:
+        try:
+            return msgspec.json.decode(data, type=_Chunk)
+        except msgspec.DecodeError as exc:
+            raise EngineUnavailable(self.name, f"unreadable answer: {exc}") from exc
 
     @contextlib.asynccontextmanager
     async def _connect(self, path: str, body: dict[str, Any]) -> AsyncIterator[httpx.Response]:
         """Open a streaming response, retrying only failures that never reached the server."""
         settings = self._settings
+        # msgspec, not httpx's json: it splices the client's JSON text (msgspec.Raw) in.
+        content = msgspec.json.encode(body)
         for attempt in range(settings.connect_retries + 1):
-            request = self._client.build_request("POST", path, json=body)
+            request = self._client.build_request(
+                "POST", path, content=content, headers={"content-type": "application/json"}
+            )
             try:
                 response = await self._client.send(request, stream=True)
                 break

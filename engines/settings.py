@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from engines.base import Feature
 from engines.templates import CompletionTemplate
 
 Positive = Annotated[int, msgspec.Meta(ge=1)]
@@ -88,6 +89,13 @@ class OpenAIHTTPSettings(
     connect_retries: Annotated[int, msgspec.Meta(ge=0)] = 2
     # Fail fast while the server keeps failing; null: every call tries the server.
     breaker: BreakerSettings | None = BreakerSettings()
+    # What the server can do beyond plain text, passed on to it as the client asked:
+    # tools (function calling), and response_format json_object and json_schema. A
+    # request asking for one not listed is refused with 400 before it reaches the
+    # server: list only what the server does (llama-cpp-python's server, say, has no
+    # json_schema). With api: completions never tools: a prompt of text has no place
+    # for them.
+    features: tuple[Feature, ...] = ("tools", "json_object", "json_schema")
 
 
 EngineSettings = LlamaCppSettings | OpenAIHTTPSettings

@@ -29,6 +29,7 @@ from engines.base import (
     Message,
     PromptTooLong,
     SamplingParams,
+    ToolCall,
 )
 from engines.openai_http import OpenAIHTTPEngine
 from engines.settings import OpenAIHTTPSettings
@@ -357,6 +358,28 @@ async def test_stream_deltas_assemble_to_the_text_with_usage_counted(
     (request,) = replay.requests
     assert_accepted_by_trtllm(request.body)
     assert request.body["stop"] == ["\n\n"] and request.body["seed"] == 7
+
+
+async def test_tools_and_tool_turns_are_fields_trtllm_serve_takes(replay: ReplayServer) -> None:
+    tools = '[{"type": "function", "function": {"name": "add", "parameters": {}}}]'
+    conversation = (
+        *ARITHMETIC,
+        Message("assistant", "", tool_calls=(ToolCall("call_1", "add", '{"a": 2, "b": 2}'),)),
+        Message("tool", "4", tool_call_id="call_1"),
+    )
+    params = SamplingParams(
+        max_tokens=8, tools=tools, tool_choice='"auto"', response_format='{"type": "json_object"}'
+    )
+    await generate(replay, conversation, params)
+    (request,) = replay.requests
+    assert_accepted_by_trtllm(request.body)
+    assert {"tools", "tool_choice", "response_format"} <= set(request.body)
+    # trtllm-serve's messages are OpenAI's message params: these keys, no others.
+    assert [set(m) for m in request.body["messages"]] == [
+        {"role", "content"},
+        {"role", "content", "tool_calls"},
+        {"role", "content", "tool_call_id"},
+    ]
 
 
 async def test_finish_reason_length_maps(replay: ReplayServer) -> None:
