@@ -125,7 +125,13 @@ class Pipeline:
             deadline=policy.deadline(engine.name),
         )
         _refuse_unless_able(engine, request)
-        if sticky is not None and route is not None and route.tier == "large":
+        # A turn that went large on its own renews the stay; one that stayed uses it.
+        if (
+            sticky is not None
+            and route is not None
+            and route.tier == "large"
+            and not decision.sticky
+        ):
             self._escalated(sticky, policy)
 
         # An identical request in flight answers this one too.
