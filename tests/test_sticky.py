@@ -131,10 +131,10 @@ async def test_a_turn_escalated_from_the_small_engine_makes_the_conversation_sta
 
 async def test_a_conversation_known_by_its_first_turn(runtime: Runtime) -> None:
     said = [f"Opening question {time.time_ns()}"]
-    by_turn: dict[str, object] = {"sticky_by_first_turn": True}
-    assert (await _turn(runtime, said, LARGE, conversation=None, **by_turn)).route == "large"
+    first = await _turn(runtime, said, LARGE, conversation=None, sticky_by_first_turn=True)
+    assert first.route == "large"
     said.append("Follow-up.")
-    follow = await _turn(runtime, said, SMALL, conversation=None, **by_turn)
+    follow = await _turn(runtime, said, SMALL, conversation=None, sticky_by_first_turn=True)
     assert follow.sticky == "large"
     # The header way alone does not know it.
     said.append("Again.")
@@ -142,9 +142,9 @@ async def test_a_conversation_known_by_its_first_turn(runtime: Runtime) -> None:
 
 
 async def test_stickiness_off_for_a_tenant_routes_every_turn_alone(runtime: Runtime) -> None:
-    off: dict[str, object] = {"stickiness": None}
-    await _turn(runtime, ["Hard."], LARGE, conversation="c-off", **off)
-    assert (await _turn(runtime, ["Hard.", "x"], SMALL, conversation="c-off", **off)).sticky is None
+    await _turn(runtime, ["Hard."], LARGE, conversation="c-off", stickiness=None)
+    again = await _turn(runtime, ["Hard.", "x"], SMALL, conversation="c-off", stickiness=None)
+    assert again.sticky is None
 
 
 def test_a_tenant_can_turn_it_off_or_change_it() -> None:
