@@ -860,6 +860,61 @@ def test_hostile_bodies_get_a_4xx_in_openai_shape(red: Gateway, body: bytes, sta
     error_of(post_raw(red, body), status)
 
 
+MESSAGE = b'{"model": "small", "max_tokens": 1, "messages": '
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "status"),
+    [
+        (b"", "application/json", 400),
+        (b"not json", "application/json", 400),
+        (b"null", "application/json", 400),
+        (MESSAGE + b'[{"role": "user", "content": "hi"}]', "application/json", 400),
+        (MESSAGE + b"[]}", "application/json", 400),
+        (MESSAGE + b'{"role": "user"}}', "application/json", 400),
+        (MESSAGE + b'[{"role": "user", "content": 5}]}', "application/json", 400),
+        (MESSAGE + b'[{"role": "user", "content": [{"type": "video"}]}]}', "application/json",
+         400),
+        (MESSAGE + b'[{"role": "user", "content": [{"text": "no type"}]}]}', "application/json",
+         400),
+        (MESSAGE + b'[{"role": "user", "content": [{"type": "image", "source": {}}]}]}',
+         "application/json", 400),
+        (MESSAGE + b'[{"role": "user", "content": "hi"}], "system": 7}', "application/json",
+         400),
+        (MESSAGE + b'[{"role": "user", "content": "hi"}], "tools": [{"type": "bash_20250124", '
+         b'"name": "bash"}]}', "application/json", 400),
+        (MESSAGE + b'[{"role": "user", "content": "hi"}], "tool_choice": {"type": "often"}}',
+         "application/json", 400),
+        (b'{"model": "small", "max_tokens": "many", "messages": [{"role": "user", "content": '
+         b'"hi"}]}', "application/json", 400),
+        (DEEP, "application/json", 400),
+        (MESSAGE + json.dumps(user("x" * 2_000_000)).encode() + b"}", "application/json", 413),
+        (MESSAGE + b'[{"role": "user", "content": "\xff"}]}', "application/json", 400),
+        (MESSAGE + b'[{"role": "user", "content": "hi"}]}', "text/plain", 415),
+        (MESSAGE + b'[{"role": "user", "content": "hi"}]}', None, 415),
+    ],
+    ids=[
+        "empty", "not-json", "null", "truncated", "empty-messages", "messages-object",
+        "content-number", "unknown-block", "block-without-type", "image-block", "system-number",
+        "server-tool", "unknown-tool-choice", "max-tokens-string", "deeply-nested", "2-mb",
+        "invalid-utf8", "text-plain", "no-content-type",
+    ],
+)  # fmt: skip
+def test_hostile_messages_get_a_4xx_in_anthropic_shape(
+    red: Gateway, body: bytes, content_type: str | None, status: int
+) -> None:
+    """/v1/messages, Anthropic's API, refuses as chat completions do, in its own shape
+    (gateway.api.anthropic), with the key as Anthropic's clients send it."""
+    headers = {"x-api-key": KEY_A}
+    if content_type is not None:
+        headers["content-type"] = content_type
+    response = httpx.post(f"{red.url}/v1/messages", content=body, headers=headers, timeout=60)
+    assert response.status_code == status, response.text
+    refusal = response.json()
+    assert refusal["type"] == "error" and set(refusal["error"]) == {"type", "message"}
+    assert len(refusal["error"]["message"]) < 1000
+
+
 def test_hostile_headers_are_refused_or_ignored(red: Gateway) -> None:
     for cache in ("everything", "bypass, " + "x" * 5000):
         error = error_of(red.chat(CHAT, headers={"x-satisfice-cache": cache}), 400)

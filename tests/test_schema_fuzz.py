@@ -23,6 +23,9 @@ from schemathesis import GenerationMode, checks
 from schemathesis.core.result import Ok
 from schemathesis.schemas import APIOperation, BaseSchema
 
+from gateway.api.anthropic_wire import Event as AnthropicEvent
+from gateway.api.anthropic_wire import MessageStop
+from gateway.api.errors import AnthropicError
 from gateway.api.wire import ChatCompletionChunk, ErrorResponse
 from tests.support import BUNDLED_ENGINES, start_gateway, stop
 
@@ -51,6 +54,7 @@ loop:
 # /metrics is fuzzed once the gateway serves it.
 OPERATIONS = [
     pytest.param("POST", "/v1/chat/completions", id="POST /v1/chat/completions"),
+    pytest.param("POST", "/v1/messages", id="POST /v1/messages"),
     pytest.param("POST", "/v1/route", id="POST /v1/route"),
     pytest.param("GET", "/v1/models", id="GET /v1/models"),
     pytest.param("GET", "/healthz", id="GET /healthz"),
@@ -125,6 +129,21 @@ def _events(body: str) -> list[ChatCompletionChunk | ErrorResponse]:
     return events
 
 
+def _anthropic_events(body: str) -> list[AnthropicEvent | MessageStop | AnthropicError]:
+    """Every event of an Anthropic stream (/v1/messages), decoded strictly: each named
+    by its type, and the stream ended by message_stop unless an error event ended it."""
+    events = []
+    for block in body.strip().split("\n\n"):
+        name, data = block.split("\n")
+        event = msgspec.json.decode(
+            data.removeprefix("data: "), type=AnthropicEvent | MessageStop | AnthropicError
+        )
+        assert name == "event: " + str(type(event).__struct_config__.tag), block
+        events.append(event)
+    assert isinstance(events[-1], (MessageStop, AnthropicError)), body
+    return events
+
+
 @pytest.mark.parametrize(("method", "path"), OPERATIONS)
 def test_generated_input(api_schema: BaseSchema, fuzz_gateway: str, method: str, path: str) -> None:
     if (method, path) not in _listed(api_schema):
@@ -161,7 +180,7 @@ def test_generated_input(api_schema: BaseSchema, fuzz_gateway: str, method: str,
         case.validate_response(response, checks=STREAM_CHECKS if streamed else CHECKS)
         if streamed:
             assert response.status_code == 200
-            _events(response.text)
+            (_anthropic_events if path == "/v1/messages" else _events)(response.text)
         statuses[response.status_code, media_type] += 1
 
     run()

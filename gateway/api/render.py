@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 
 import msgspec
 
@@ -158,15 +158,53 @@ async def completion(answering: Answering, reply: Reply) -> bytes:
     return msgspec.json.encode(body)
 
 
-async def chunks(
+def chunks(
     answering: Answering, reply: Reply, exchange: Exchange | None = None
 ) -> AsyncIterator[bytes]:
-    """The answer as server-sent events. An error after the first chunk goes in the
-    stream. ``exchange`` (None: a template, sent to nobody yet) hears the first chunk
-    go out, and the response end: 499 if the client left before it was whole."""
-    started: set[int] = set()
+    """The answer as server-sent chunks, as ``delivered`` sends them."""
+    return delivered(_chunks(answering, reply), exchange, _error_chunk)
+
+
+async def delivered(
+    events: AsyncGenerator[bytes],
+    exchange: Exchange | None,
+    error_event: Callable[[APIError], bytes],
+) -> AsyncIterator[bytes]:
+    """A stream's events as they go out, in any API's words: an error the answer raises
+    after the stream has begun goes in it (``error_event``). ``exchange`` (None: a
+    template, sent to nobody yet) hears the first event go out, and the response end:
+    499 if the client left before it was whole."""
     # The client left, until the stream has been sent whole or failed on its own.
     status, error = 499, "client_gone"
+    try:
+        async with contextlib.aclosing(events) as parts:
+            unsent = exchange is not None  # the first event is still to go
+            async for part in parts:
+                if unsent and exchange is not None:
+                    unsent = False
+                    exchange.first_byte()
+                yield part
+            status, error = 200, ""
+    except (Refused, EngineError) as exc:  # the response has begun: the error goes in it
+        refusal = APIError.of(exc)
+        assert refusal is not None
+        status, error = 200, refusal.reason
+        yield error_event(refusal)
+    except Exception:
+        status, error = 500, "internal_error"
+        raise
+    finally:
+        if exchange is not None:
+            exchange.end(status, error or None)
+
+
+def _error_chunk(refusal: APIError) -> bytes:
+    return encode_sse(ErrorResponse(refusal.body))
+
+
+async def _chunks(answering: Answering, reply: Reply) -> AsyncGenerator[bytes]:
+    """Each event of the answer as chat completion chunks."""
+    started: set[int] = set()
 
     def chunk(choices: list[ChunkChoice], usage: Usage | None = None) -> bytes:
         return encode_sse(
@@ -184,37 +222,20 @@ async def chunks(
         started.add(index)
         return chunk([ChunkChoice(index, ChunkDelta(role="assistant", content=""))])
 
-    try:
-        async with contextlib.aclosing(answering.events) as events:
-            unsent = exchange is not None  # the first chunk is still to go
-            async for event in events:
-                if unsent and exchange is not None:
-                    unsent = False
-                    exchange.first_byte()
-                if isinstance(event, Reasoning):
-                    delta = ChunkDelta(reasoning_content=event.text)
-                    yield opening(0) + chunk([ChunkChoice(0, delta)])
-                elif isinstance(event, TextDelta):
-                    logprobs = None if event.logprobs is None else _logprobs(event.logprobs)
-                    text = ChunkChoice(event.index, ChunkDelta(content=event.text), None, logprobs)
-                    yield opening(event.index) + chunk([text])
-                elif isinstance(event, ToolCallPart):
-                    delta = ChunkDelta(tool_calls=[_tool_call_chunk(event)])
-                    yield opening(event.index) + chunk([ChunkChoice(event.index, delta)])
-                else:
-                    yield _ending(event, reply, opening, chunk)
-            status, error = 200, ""
-    except (Refused, EngineError) as exc:  # the response has begun: the error goes in it
-        refusal = APIError.of(exc)
-        assert refusal is not None
-        status, error = 200, refusal.reason
-        yield encode_sse(ErrorResponse(refusal.body))
-    except Exception:
-        status, error = 500, "internal_error"
-        raise
-    finally:
-        if exchange is not None:
-            exchange.end(status, error or None)
+    async with contextlib.aclosing(answering.events) as events:
+        async for event in events:
+            if isinstance(event, Reasoning):
+                delta = ChunkDelta(reasoning_content=event.text)
+                yield opening(0) + chunk([ChunkChoice(0, delta)])
+            elif isinstance(event, TextDelta):
+                logprobs = None if event.logprobs is None else _logprobs(event.logprobs)
+                text = ChunkChoice(event.index, ChunkDelta(content=event.text), None, logprobs)
+                yield opening(event.index) + chunk([text])
+            elif isinstance(event, ToolCallPart):
+                delta = ChunkDelta(tool_calls=[_tool_call_chunk(event)])
+                yield opening(event.index) + chunk([ChunkChoice(event.index, delta)])
+            else:
+                yield _ending(event, reply, opening, chunk)
 
 
 def _ending(

@@ -91,7 +91,8 @@ class KeyTable:
         if caller is None:
             raise KeyRefused(
                 "invalid_api_key",
-                "an API key is required: send one as 'Authorization: Bearer <key>'"
+                "an API key is required: send one as 'Authorization: Bearer <key>' or "
+                "'x-api-key: <key>'"
                 if _token(headers) is None
                 else "the API key is not valid",
             )
@@ -128,6 +129,10 @@ class KeyTable:
 
 
 def _token(headers: Mapping[str, str]) -> str | None:
+    """The key a request carries: as OpenAI's clients send it (a bearer token), else as
+    Anthropic's do (x-api-key)."""
     scheme, _, token = headers.get("authorization", "").partition(" ")
     token = token.strip()
-    return token if scheme.lower() == "bearer" and token else None
+    if scheme.lower() == "bearer" and token:
+        return token
+    return headers.get("x-api-key", "").strip() or None
