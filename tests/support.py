@@ -251,6 +251,18 @@ engines:
 """
 
 
+# The bundled Qwen 0.5B alone, as engine "qwen": of the bundled models, the one whose
+# chat template renders tools (the function-calling tests' engine).
+QWEN_TOOLS = """
+engines:
+  qwen:
+    backend: llama_cpp
+    model: qwen2.5-coder-0.5b-instruct
+    template: chat
+    context_tokens: 4096
+"""
+
+
 class VirtualClock:
     """Time for code that reads ``time.monotonic()``, moved by hand or by waiting.
 

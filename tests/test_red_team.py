@@ -828,6 +828,72 @@ def test_tenants_never_read_each_others_cache(red: Gateway) -> None:
     assert error_of(other, 504)["code"] == "cache_miss"
 
 
+RESPOND = b'{"model": "small", "max_output_tokens": 1, "input": '
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "status"),
+    [
+        (b"", "application/json", 400),
+        (b"not json", "application/json", 400),
+        (b"null", "application/json", 400),
+        (RESPOND + b'"hi"', "application/json", 400),
+        (b'{"model": "small"}', "application/json", 400),
+        (RESPOND + b"5}", "application/json", 400),
+        (RESPOND + b'{"role": "user", "content": "hi"}}', "application/json", 400),
+        (RESPOND + b"[]}", "application/json", 400),
+        (RESPOND + b'""}', "application/json", 400),
+        (RESPOND + b'[{"type": "computer_call", "id": "c"}]}', "application/json", 400),
+        (RESPOND + b'[{"type": 5}]}', "application/json", 400),
+        (RESPOND + b'[{"type": "reasoning", "id": "rs_1", "summary": []}]}', "application/json",
+         400),
+        (RESPOND + b'[{"role": "user", "content": {"type": "input_text"}}]}',
+         "application/json", 400),
+        (RESPOND + b'[{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}',
+         "application/json", 400),
+        (RESPOND + b'[{"type": "function_call", "call_id": "c", "name": "f"}]}',
+         "application/json", 400),
+        (RESPOND + b'"hi", "tools": "web_search"}', "application/json", 400),
+        (RESPOND + b'"hi", "tools": [{"type": "web_search_preview"}]}', "application/json", 400),
+        (RESPOND + b'"hi", "tool_choice": {"type": "often"}}', "application/json", 400),
+        (RESPOND + b'"hi", "text": {"format": {"type": "xml"}}}', "application/json", 400),
+        (b'{"model": "small", "max_output_tokens": "many", "input": "hi"}', "application/json",
+         400),
+        (b'{"model": "small", "max_output_tokens": 0, "input": "hi"}', "application/json", 400),
+        (RESPOND + b'"hi", "previous_response_id": 7}', "application/json", 400),
+        (RESPOND + b'"hi", "previous_response_id": "resp_1"}', "application/json", 400),
+        (RESPOND + b'"hi", "metadata": {"a": 1}}', "application/json", 400),
+        (RESPOND + json.dumps(user("hi") * 300).encode() + b"}", "application/json", 400),
+        (b'{"model": "small", "input": "hi", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+         "application/json", 400),
+        (RESPOND + json.dumps("x" * 2_000_000).encode() + b"}", "application/json", 413),
+        (RESPOND + b'"\xff"}', "application/json", 400),
+        (RESPOND + b'"hi"}', "text/plain", 415),
+        (RESPOND + b'"hi"}', None, 415),
+    ],
+    ids=[
+        "empty", "not-json", "null", "truncated", "no-input", "input-number", "input-object",
+        "empty-input", "empty-string", "unknown-item", "item-type-number", "reasoning-only",
+        "content-object",
+        "input-file", "call-without-arguments", "tools-string", "built-in-tool",
+        "unknown-tool-choice", "unknown-format", "max-output-tokens-string",
+        "max-output-tokens-0", "previous-response-id-number", "previous-response-id",
+        "metadata-number", "300-items", "deeply-nested", "2-mb", "invalid-utf8", "text-plain",
+        "no-content-type",
+    ],
+)  # fmt: skip
+def test_hostile_responses_bodies_get_a_4xx_in_openai_shape(
+    red: Gateway, body: bytes, content_type: str | None, status: int
+) -> None:
+    """/v1/responses, OpenAI's Responses API translated onto chat, refuses as chat
+    completions do: never a 500, and never an answer to what it cannot honour."""
+    headers = {"authorization": f"Bearer {KEY_A}"}
+    if content_type is not None:
+        headers["content-type"] = content_type
+    response = httpx.post(f"{red.url}/v1/responses", content=body, headers=headers, timeout=60)
+    assert len(error_of(response, status)["message"]) < 1000
+
+
 @pytest.mark.parametrize(
     ("body", "status"),
     [

@@ -28,6 +28,7 @@ from gateway.api.feedback import feedback
 from gateway.api.front import HANDED, Admitted, admit, charge, open_exchange
 from gateway.api.guards import require_json, require_key
 from gateway.api.headers import decision_headers
+from gateway.api.responses import responses
 from gateway.api.validate import chat_request
 from gateway.api.wire import ChatCompletion, ChatCompletionRequest, ErrorResponse, Model, ModelList
 from gateway.config import AUTO_MODEL, GatewayConfig
@@ -318,4 +319,13 @@ async def readyz(state: State) -> Response[dict[str, object]]:
     return Response(body, status_code=200 if runtime.ready else 503)
 
 
-ROUTES = [chat_completions, explain_route, feedback, list_models, healthz, readyz, metrics]
+ROUTES = [
+    chat_completions,
+    responses,
+    explain_route,
+    feedback,
+    list_models,
+    healthz,
+    readyz,
+    metrics,
+]
