@@ -5,7 +5,7 @@ model is a script) with the bundled embedder and router and a memory cache, so e
 exit is reached on purpose and fast: exact and coalesced hits, an engine's answer
 plain and streamed, the loop's answer, its deadline fallbacks, refusals, an engine
 that refuses, a client that leaves and a turn replaced by a newer one. A small front
-door here ends each exchange as the HTTP layer does (gateway.api.routes.ending).
+door here ends each exchange as the HTTP layer does (gateway.api.chat.ending).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from engines.scripted import ScriptedEngine, script
 from evaluator.calibration import Calibrator
 from evaluator.loop import FallbackSettings, ReasoningLoop
 from evaluator.signals import SignalSettings
-from gateway.api.routes import ending
+from gateway.api.chat import ending
 from gateway.config import parse_config
 from gateway.pipeline.exchange import Exchange, Settled, Settlement
 from gateway.pipeline.keeping import WriteBack

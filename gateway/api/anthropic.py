@@ -1,6 +1,6 @@
 """Anthropic's Messages API (POST /v1/messages) on the chat pipeline: the request
 translated into chat completions' terms, answered by the one chat handler
-(gateway.api.routes.answer_chat), and the answer rendered as Anthropic's message or its
+(gateway.api.chat.answer_chat), and the answer rendered as Anthropic's message or its
 stream of events.
 
 What the translation decides:
@@ -73,9 +73,9 @@ from gateway.api.anthropic_wire import (
     encode_event,
 )
 from gateway.api.anthropic_wire import TextDelta as TextDeltaEvent
+from gateway.api.chat import Dialect, answer_chat, error_specs
 from gateway.api.errors import AnthropicError, APIError, shown
 from gateway.api.guards import require_json, require_key
-from gateway.api.routes import Dialect, answer_chat, chat_completions
 from gateway.api.wire import (
     ChatCompletionRequest,
     ChatMessage,
@@ -432,13 +432,6 @@ def _dialect(thinking: bool | None) -> Dialect:
 
 _DIALECTS: dict[bool | None, Dialect] = {asked: _dialect(asked) for asked in (None, True, False)}
 
-# The same refusals as chat completions, in Anthropic's shape.
-_ERRORS = {
-    status: ResponseSpec(AnthropicError, description=spec.description)
-    for status, spec in (chat_completions.responses or {}).items()
-    if status >= 400
-}
-
 
 @post(
     "/v1/messages",
@@ -446,7 +439,10 @@ _ERRORS = {
     "text/event-stream of Anthropic's events.",
     status_code=200,
     guards=[require_key, require_json],
-    responses={200: ResponseSpec(Message, description="The message (without `stream`)"), **_ERRORS},
+    responses={
+        200: ResponseSpec(Message, description="The message (without `stream`)"),
+        **error_specs(AnthropicError),
+    },
 )
 async def messages(data: MessagesRequest, state: State, request: Request[Any, Any, Any]) -> ASGIApp:
     return await answer_chat(to_chat(data), state, request, _DIALECTS[_shows(data.thinking)])

@@ -15,7 +15,6 @@ from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp
 
 from gateway.api.admin import ADMIN_HANDLERS
-from gateway.api.anthropic import messages
 from gateway.api.errors import EXCEPTION_HANDLERS, JSONRequest
 from gateway.api.express import ExpressHits
 from gateway.api.routes import ROUTES
@@ -64,7 +63,7 @@ def create_app(
                 await asyncio.to_thread(traces.close)
 
     app = Litestar(
-        route_handlers=[*ROUTES, messages, *ADMIN_HANDLERS],
+        route_handlers=[*ROUTES, *ADMIN_HANDLERS],
         state=State({"runtime": runtime, "started_at": int(time.time())}),
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]

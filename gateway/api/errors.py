@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import msgspec
@@ -144,6 +145,22 @@ class APIError(Exception):
         if isinstance(exc, LimitRefused):
             return cls.from_limit(exc)
         return None
+
+    def renamed(self, fields: Mapping[str, str]) -> APIError:
+        """This error naming its field as ``fields`` calls it (an API translated onto
+        chat completions names its own fields), or itself when it names none of them."""
+        old = self.body.param
+        new = fields.get(old or "")
+        if old is None or new is None:
+            return self
+        message = self.body.message
+        if message.startswith(old):
+            message = new + message[len(old) :]
+        body = self.body
+        return APIError(
+            self.status, message, type=body.type, param=new, code=body.code,
+            retry_after_s=self.retry_after_s,
+        )  # fmt: skip
 
     @property
     def reason(self) -> str:

@@ -1,5 +1,5 @@
 """POST /v1/responses: OpenAI's Responses API, stateless, answered as the chat request
-it translates into, on the one pipeline (gateway.api.routes.answer_chat), in the
+it translates into, on the one pipeline (gateway.api.chat.answer_chat), in the
 Responses API's own body and stream events (gateway.api.responses_render).
 
 Nothing is kept: a request that needs a stored response, conversation or prompt is
@@ -17,6 +17,7 @@ from litestar.datastructures import State
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.types import ASGIApp
 
+from gateway.api.chat import Dialect, answer_chat, error_specs
 from gateway.api.errors import APIError, shown
 from gateway.api.guards import require_json, require_key
 from gateway.api.responses_render import response_id, stream, whole
@@ -45,7 +46,6 @@ from gateway.api.wire import (
     ToolCall,
 )
 from gateway.api.wire import ChosenTool as ChatChosenTool
-from gateway.ops.limits import LimitRefused
 
 Choice = Literal["none", "auto", "required"]
 
@@ -67,22 +67,6 @@ _FIELDS = {
     "response_format.json_schema.schema": "text.format.schema",
 }
 
-_ERRORS = {
-    400: "Invalid request, or one this gateway cannot honour (an image or file, a "
-    "built-in tool, previous_response_id)",
-    401: "No API key, or an unknown one",
-    404: "Unknown model",
-    409: "A newer turn replaced this request",
-    413: "Body larger than the limit",
-    415: "The body is not declared application/json",
-    429: "The key's rate limit, or an engine's queue, is full; see Retry-After",
-    502: "The engine failed",
-    503: "Not ready, engine unavailable, or the rate limits' store unavailable with "
-    "auth.rate_limit_outage: closed",
-    504: "Cache-Control: only-if-cached and nothing cached, or the deadline passed and "
-    "the fallback policy is error",
-}
-
 
 @post(
     "/v1/responses",
@@ -92,25 +76,21 @@ _ERRORS = {
     guards=[require_key, require_json],
     responses={
         200: ResponseSpec(Response, description="The response (without `stream`)"),
-        **{status: ResponseSpec(ErrorResponse, description=why) for status, why in _ERRORS.items()},
+        **error_specs(
+            ErrorResponse,
+            s400="Invalid request, or one this gateway cannot honour (an image or file, a "
+            "built-in tool, previous_response_id, tools or a format its engine cannot answer)",
+        ),
     },
 )
 async def responses(
     data: ResponsesRequest, state: State, request: Request[Any, Any, Any]
 ) -> ASGIApp:
-    # gateway.api.routes imports this module for its list of routes; its chat handler
-    # is looked up here, when a request comes and both modules are whole.
-    from gateway.api.routes import Dialect, answer_chat
-
     chat = as_chat_request(data)
-    dialect = Dialect("openai", response_id, partial(whole, data), partial(stream, data))
-    try:
-        return await answer_chat(chat, state, request, dialect)
-    except (APIError, LimitRefused) as exc:
-        renamed = _in_responses_terms(exc)
-        if renamed is None:
-            raise
-        raise renamed from None
+    dialect = Dialect(
+        "openai", response_id, partial(whole, data), partial(stream, data), fields=_FIELDS
+    )
+    return await answer_chat(chat, state, request, dialect)
 
 
 def as_chat_request(request: ResponsesRequest) -> ChatCompletionRequest:
@@ -269,21 +249,3 @@ def _format(text: TextConfig | None) -> ResponseFormat | None:
         )  # fmt: skip
         return JSONSchemaFormat(schema)
     return format_
-
-
-def _in_responses_terms(exc: APIError | LimitRefused) -> APIError | None:
-    """``exc``, when it names a chat completions field, naming the Responses API's
-    instead; None when it names none."""
-    error = APIError.of(exc)
-    assert error is not None  # each of these is answered on purpose
-    old = error.body.param
-    new = _FIELDS.get(old or "")
-    if old is None or new is None:
-        return None
-    message = error.body.message
-    if message.startswith(old):
-        message = new + message[len(old) :]
-    return APIError(
-        error.status, message, type=error.body.type, param=new, code=error.body.code,
-        retry_after_s=error.retry_after_s,
-    )  # fmt: skip
