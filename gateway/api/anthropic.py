@@ -415,6 +415,15 @@ def _ending(end: Finished, blocks: _Blocks) -> bytes:
 # -- the route --------------------------------------------------------------------------
 
 
+# Chat completions' names of the fields the chat checks name in errors, in the
+# Messages API's words.
+_FIELDS = {
+    "stop": "stop_sequences",
+    "response_format": "output_config.format",
+    "response_format.json_schema.schema": "output_config.format.schema",
+}
+
+
 def _dialect(thinking: bool | None) -> Dialect:
     """Anthropic's dialect for a request whose thinking is asked for (True), turned off
     (False) or left unsaid (None)."""
@@ -427,7 +436,7 @@ def _dialect(thinking: bool | None) -> Dialect:
     ) -> AsyncIterator[bytes]:
         return stream(answering, reply, exchange, thinking)
 
-    return Dialect("anthropic", message_id, whole_, stream_)
+    return Dialect("anthropic", message_id, whole_, stream_, fields=_FIELDS)
 
 
 _DIALECTS: dict[bool | None, Dialect] = {asked: _dialect(asked) for asked in (None, True, False)}
