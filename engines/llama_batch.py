@@ -162,32 +162,7 @@ class SequenceSampler:
     same settings (so one seed gives one sample whichever path decodes it)."""
 
     def __init__(self, llm: llama_cpp.Llama, params: SamplingParams) -> None:
-        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-        links = [
-            llama_cpp.llama_sampler_init_penalties(
-                llm.n_vocab(),
-                llm.last_n_tokens_size,
-                1.0,
-                params.frequency_penalty,
-                params.presence_penalty,
-            )
-        ]
-        seed = llama_cpp.LLAMA_DEFAULT_SEED if params.seed is None else params.seed
-        if params.temperature == 0:
-            links.append(llama_cpp.llama_sampler_init_greedy())
-        else:
-            links += [
-                # OpenAI semantics: only temperature and top_p shape sampling.
-                llama_cpp.llama_sampler_init_top_k(0),
-                llama_cpp.llama_sampler_init_typical(1.0, 1),
-                llama_cpp.llama_sampler_init_top_p(params.top_p, 1),
-                llama_cpp.llama_sampler_init_min_p(0.0, 1),
-                llama_cpp.llama_sampler_init_temp(params.temperature),
-                llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF),
-            ]
-        for link in links:
-            llama_cpp.llama_sampler_chain_add(chain, link)
-        self._chain: llama_cpp.llama_sampler_p | None = chain
+        self._chain: llama_cpp.llama_sampler_p | None = sampler_chain(llm, params)
 
     def sample(self, ctx: llama_cpp.llama_context_p, row: int) -> int:
         """Sample (and accept) the next token from the logits at batch ``row``."""
@@ -197,6 +172,38 @@ class SequenceSampler:
         if self._chain is not None:
             llama_cpp.llama_sampler_free(self._chain)  # frees its links too
             self._chain = None
+
+
+def sampler_chain(llm: llama_cpp.Llama, params: SamplingParams) -> llama_cpp.llama_sampler_p:
+    """The sampler chain ``Llama.generate`` builds for ``params`` (the caller frees it)."""
+    chain: llama_cpp.llama_sampler_p = llama_cpp.llama_sampler_chain_init(
+        llama_cpp.llama_sampler_chain_default_params()
+    )
+    links = [
+        llama_cpp.llama_sampler_init_penalties(
+            llm.n_vocab(),
+            llm.last_n_tokens_size,
+            1.0,
+            params.frequency_penalty,
+            params.presence_penalty,
+        )
+    ]
+    seed = llama_cpp.LLAMA_DEFAULT_SEED if params.seed is None else params.seed
+    if params.temperature == 0:
+        links.append(llama_cpp.llama_sampler_init_greedy())
+    else:
+        links += [
+            # OpenAI semantics: only temperature and top_p shape sampling.
+            llama_cpp.llama_sampler_init_top_k(0),
+            llama_cpp.llama_sampler_init_typical(1.0, 1),
+            llama_cpp.llama_sampler_init_top_p(params.top_p, 1),
+            llama_cpp.llama_sampler_init_min_p(0.0, 1),
+            llama_cpp.llama_sampler_init_temp(params.temperature),
+            llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF),
+        ]
+    for link in links:
+        llama_cpp.llama_sampler_chain_add(chain, link)
+    return chain
 
 
 def logits_row(ctx: llama_cpp.llama_context_p, row: int) -> ctypes._Pointer[ctypes.c_float]:

@@ -4,6 +4,11 @@ Each concurrency slot owns one ``Llama`` instance and one worker thread: a llama
 context is not thread-safe, and generation must never run on the event loop. The
 worker drives ``Llama.generate`` token by token, so it can check for cancellation
 and the deadline between any two tokens.
+
+A request with tools or a response format (engines/structured.py) shows its tools
+through the chat template, samples under a grammar when its form must be held to
+(engines/constrained.py) and has its tool calls read out of the text as it streams
+(engines/tool_calls.py).
 """
 
 from __future__ import annotations
@@ -12,13 +17,14 @@ import asyncio
 import codecs
 import contextlib
 import ctypes
+import json
 import os
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import llama_cpp
 import msgspec
@@ -30,6 +36,7 @@ from engines.base import (
     Delta,
     EngineError,
     EngineOverloaded,
+    Feature,
     FinishReason,
     Generation,
     Message,
@@ -39,18 +46,23 @@ from engines.base import (
     SamplingParams,
     Timings,
     TokenLogprob,
+    ToolCallDelta,
     TopLogprob,
 )
 from engines.bundled import model_file
+from engines.constrained import GrammarSampler, constrained_tokens
 from engines.fanout import EngineCounters, FanOutEngine, SampleDone, expired
 from engines.gathering import Gathering, Group, Member
+from engines.grammars import GrammarError, check_grammar
 from engines.llama_batch import BatchContext, BatchDecodeFailed, SequenceSampler, logits_row
 from engines.llama_logs import route_to_logging
 from engines.llama_prefill import PrefillSpeed, interruptible, past
 from engines.native_check import check_models
 from engines.settings import LlamaCppSettings
 from engines.stops import StopMatcher
+from engines.structured import PLAIN, InvalidShape, Shape, shape_of
 from engines.templates import CompletionTemplate, continues
+from engines.tool_calls import CallParser, renders_tool_calls
 
 # With verbose=False, llama-cpp-python points the process's stdout and stderr at
 # /dev/null while a model loads and then restores what it found. Two loads at once
@@ -230,17 +242,19 @@ class _Worker:
         deadline: float | None,
         cancel: threading.Event,
         emit: Callable[[Delta], None],
+        shape: Shape = PLAIN,
     ) -> SampleDone:
         started = time.monotonic()
         text, add_bos, lstrip = prompt
         prompt_tokens = self._prompt_tokens(engine, text, add_bos)
         budget = min(params.max_tokens, self.context_tokens - len(prompt_tokens))
-        answer = _Answer(index, lstrip, emit)
+        calls = CallParser(shape.names, bare=shape.grammar is None) if shape.names else None
+        answer = _Answer(index, lstrip, emit, calls)
         unread = len(prompt_tokens) - self._held(prompt_tokens)
         if self.prefill.cannot_read(unread, deadline):
             self.prompts_refused += 1
             return _unread(answer, "deadline", started, len(prompt_tokens))
-        tokens = self._sampled_tokens(prompt_tokens, params)
+        tokens = self._sampled_tokens(prompt_tokens, params, shape.grammar)
         reading = time.monotonic()
         try:
             # The first step reads the prompt, then samples the first token.
@@ -285,9 +299,15 @@ class _Worker:
             raise PromptTooLong(engine, len(tokens), self.context_tokens)
         return tokens
 
-    def _sampled_tokens(self, prompt_tokens: list[int], params: SamplingParams) -> Generator[int]:
-        """The tokens the model samples after the prompt, one decode per step."""
+    def _sampled_tokens(
+        self, prompt_tokens: list[int], params: SamplingParams, grammar: str | None
+    ) -> Generator[int]:
+        """The tokens the model samples after the prompt, one decode per step, held to
+        ``grammar`` (GBNF) when there is one."""
         llm = self.llm
+        if grammar is not None:  # a sampler of its own, built per sample: it holds state
+            sampler = GrammarSampler(llm, params, grammar)
+            return constrained_tokens(llm, prompt_tokens, self._held(prompt_tokens), sampler)
         llm.set_seed(llama_cpp.LLAMA_DEFAULT_SEED if params.seed is None else params.seed)
         return llm.generate(
             prompt_tokens,
@@ -347,6 +367,8 @@ class _Worker:
         tokens.close()
         if not matched:  # text held back as a possible stop sequence was not one
             flush(matcher.flush() + decoder.decode(b"", final=True), final=True)
+        else:
+            answer.settle()
         return _Decoded(finish, count)
 
 
@@ -484,16 +506,24 @@ class _Sequence:
 
 
 class _Answer:
-    """One sample's text and logprobs, emitted as they become final. Text held back
-    (a possible stop sequence, part of a UTF-8 character) keeps its tokens'
-    logprobs in ``pending`` until it is emitted with them."""
+    """One sample's text, tool calls and logprobs, emitted as they become final. Text
+    held back (a possible stop sequence, part of a UTF-8 character, what may be the
+    start of a tool call's markup) keeps its tokens' logprobs in ``pending`` until it
+    is emitted with them; the tokens of a call go out with its parts."""
 
-    __slots__ = ("_emit", "_index", "_lstrip", "logprobs", "pending", "pieces")
+    __slots__ = ("_calls", "_emit", "_index", "_lstrip", "logprobs", "pending", "pieces")
 
-    def __init__(self, index: int, lstrip: bool, emit: Callable[[Delta], None]) -> None:
+    def __init__(
+        self,
+        index: int,
+        lstrip: bool,
+        emit: Callable[[Delta], None],
+        calls: CallParser | None = None,
+    ) -> None:
         self._index = index
         self._lstrip = lstrip
         self._emit = emit
+        self._calls = calls  # None: the request offers no tools, all is text
         self.pieces: list[str] = []
         self.logprobs: list[TokenLogprob] = []
         self.pending: list[TokenLogprob] = []
@@ -503,19 +533,39 @@ class _Answer:
             # A completion template ends with "Answer:"; the model's reply starts
             # with the space after it, which is not part of the answer.
             piece = piece.lstrip()
-        if piece or (final and self.pending):
+        parts: tuple[ToolCallDelta, ...] = ()
+        if self._calls is not None:
+            piece, parts = self._calls.feed(piece)
+            if final:
+                tail, last = self._calls.finish()
+                piece, parts = piece + tail, parts + last
+        if piece or parts or (final and self.pending):
             self.pieces.append(piece)
             self.logprobs.extend(self.pending)
-            self._emit(Delta(self._index, piece, tuple(self.pending)))
+            self._emit(Delta(self._index, piece, tuple(self.pending), parts))
             self.pending.clear()
 
+    def settle(self) -> None:
+        """A stop sequence ended the sample: what the call parser holds is final. (The
+        logprobs still pending are the stop sequence's, which is not emitted.)"""
+        if self._calls is None:
+            return
+        piece, parts = self._calls.finish()
+        if piece or parts:
+            self.pieces.append(piece)
+            self._emit(Delta(self._index, piece, (), parts))
+
     def sample(self, finish: FinishReason, tokens: int, timings: Timings) -> Sample:
+        calls = () if self._calls is None else self._calls.calls
+        if calls and finish == "stop":  # the model ended its turn with its calls
+            finish = "tool_calls"
         return Sample(
             index=self._index,
             text="".join(self.pieces),
             finish_reason=finish,
             completion_tokens=tokens,
             logprobs=tuple(self.logprobs),
+            tool_calls=calls,
             timings=timings,
         )
 
@@ -524,6 +574,9 @@ class LlamaCppEngine(FanOutEngine):
     def __init__(self, name: str, settings: LlamaCppSettings, models_dir: Path) -> None:
         self.name = name
         self.model = settings.model
+        # JSON answers are held to their grammar whatever the model; tools are added at
+        # start, when the model's chat template shows it writes their calls.
+        self.features: frozenset[Feature] = frozenset({"json_object", "json_schema"})
         self.timeout_s = settings.timeout_s
         self._settings = settings
         self._models_dir = models_dir
@@ -558,7 +611,11 @@ class LlamaCppEngine(FanOutEngine):
         self._workers = list(await asyncio.gather(*loads))
         self._idle = list(self._workers)
         if self._completion is None:
-            self._formatter = self._chat_formatter(self._idle[0].llm)
+            llm = self._idle[0].llm
+            formatter = self._formatter = self._chat_formatter(llm)
+            # Rendering a probe conversation takes a few ms of Jinja: off the event loop.
+            if await loop.run_in_executor(self._executor, _writes_tool_calls, formatter):
+                self.features |= {"tools"}
 
     async def close(self) -> None:
         # Waits for samples still running; their callers are gone or finishing.
@@ -606,7 +663,19 @@ class LlamaCppEngine(FanOutEngine):
             bos_token=llm._model.token_get_text(bos) if bos != -1 else "",
         )
 
-    def _render(self, prompt: Prompt) -> tuple[str, bool, bool]:
+    def _shape(self, params: SamplingParams, worker: _Worker) -> Shape:
+        """How ``params`` ask for the answer, its grammar checked by llama.cpp (on the
+        worker's thread: building it is CPU work, if brief)."""
+        shape = shape_of(params, self.name)
+        if shape.grammar is not None:
+            try:
+                check_grammar(worker.llm._model.vocab, shape.grammar)
+            except GrammarError as exc:
+                param = "tools" if shape.names else "response_format"
+                raise InvalidShape(self.name, param, str(exc)) from None
+        return shape
+
+    def _render(self, prompt: Prompt, shape: Shape = PLAIN) -> tuple[str, bool, bool]:
         """The prompt text, whether the tokenizer must add BOS (chat templates write
         their own) and whether to strip the space a completion template leaves."""
         if isinstance(prompt, str):
@@ -619,13 +688,19 @@ class LlamaCppEngine(FanOutEngine):
         if self._formatter is None:
             raise EngineError(self.name, "engine is not started")
         earlier = prompt[:-1] if continuing else prompt
-        text = self._formatter(messages=_chat_dicts(earlier)).prompt  # type: ignore[arg-type]
+        text = self._formatter(
+            messages=_chat_dicts(earlier),  # type: ignore[arg-type]
+            tools=shape.tools,  # type: ignore[arg-type]
+        ).prompt
         return text + (prompt[-1].content if continuing else ""), False, False
 
     def stream(
         self, prompt: Prompt, params: SamplingParams, deadline: float | None = None
     ) -> AsyncGenerator[Delta | Generation]:
-        if self._settings.batch_samples:
+        # A batch shares one rendered prompt and samples without a grammar: requests
+        # with tools or a response format take a slot per sample.
+        plain = params.tools is None and params.response_format is None
+        if self._settings.batch_samples and plain:
             return self._gathered(prompt, params, deadline)
         return super().stream(prompt, params, deadline)
 
@@ -748,8 +823,11 @@ class LlamaCppEngine(FanOutEngine):
 
         def work() -> SampleDone:
             try:
-                rendered = self._render(prompt)
-                return worker.run(self.name, rendered, params, index, stops, deadline, cancel, emit)
+                shape = self._shape(params, worker)
+                rendered = self._render(prompt, shape)
+                return worker.run(
+                    self.name, rendered, params, index, stops, deadline, cancel, emit, shape
+                )
             finally:
                 emit(None)
 
@@ -784,5 +862,42 @@ def _yield_to_event_loop() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 5)
 
 
-def _chat_dicts(messages: Sequence[Message]) -> list[dict[str, str]]:
-    return [{"role": m.role, "content": m.content} for m in messages]
+def _writes_tool_calls(formatter: Jinja2ChatFormatter) -> bool:
+    """Whether the model's chat template shows tools and writes calls in the markup
+    engines.tool_calls reads (Qwen2.5's does; SmolLM2's has no tools)."""
+
+    def render(messages: Sequence[dict[str, Any]], tools: list[Any] | None) -> str:
+        return formatter(messages=messages, tools=tools).prompt  # type: ignore[arg-type]
+
+    return renders_tool_calls(render)
+
+
+def _chat_dicts(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    return [_chat_dict(m) for m in messages]
+
+
+def _chat_dict(message: Message) -> dict[str, Any]:
+    """A turn as chat templates read it (OpenAI's shape, as Hugging Face passes it)."""
+    turn: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        turn["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": _arguments(call.arguments)},
+            }
+            for call in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        turn["tool_call_id"] = message.tool_call_id
+    return turn
+
+
+def _arguments(text: str) -> Any:
+    """A call's arguments as templates write them: Qwen's passes them through
+    ``tojson``, which would quote JSON text a second time; the object it encodes is
+    written once. Text that is no JSON stays text."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
