@@ -81,6 +81,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     tools: str | None = None
     tool_choice: str | None = None
     response_format: str | None = None
+    # Whether the model may call several tools at once (None: the backend's default).
+    parallel_tool_calls: bool | None = None
 
 
 def asked_features(params: SamplingParams) -> tuple[Feature, ...]:
@@ -173,6 +175,15 @@ class EngineOverloaded(EngineError):
 
 class EngineUnavailable(EngineError):
     """The backend cannot be reached or broke off mid-answer."""
+
+
+class CannotFollow(EngineError):
+    """The request asks for what this backend cannot hold its answer to (a schema, a
+    tool choice); ``param`` names the field to change. The client's to fix: a 400."""
+
+    def __init__(self, engine: str, param: str, message: str) -> None:
+        super().__init__(engine, f"{param}: {message}")
+        self.param = param
 
 
 class PromptTooLong(EngineError):

@@ -61,6 +61,9 @@ def asked_fields(params: SamplingParams) -> dict[str, msgspec.Raw]:
         # OpenAI refuses a tool choice without tools.
         "tool_choice": None if params.tools is None else params.tool_choice,
         "response_format": params.response_format,
+        "parallel_tool_calls": None
+        if params.tools is None or params.parallel_tool_calls is None
+        else msgspec.json.encode(params.parallel_tool_calls).decode(),
     }
     return {key: msgspec.Raw(text.encode()) for key, text in fields.items() if text is not None}
 

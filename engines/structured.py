@@ -18,20 +18,16 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from engines.base import EngineError, SamplingParams
+from engines.base import CannotFollow, SamplingParams
 from engines.grammars import GrammarError, calls_grammar, json_grammar
 
 # OpenAI's parameters of a function that sets none: it takes no arguments.
 _NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
 
-class InvalidShape(EngineError):
+class InvalidShape(CannotFollow):
     """A request's tools, tool choice or response format cannot be followed; ``param``
     names the one to change."""
-
-    def __init__(self, engine: str, param: str, message: str) -> None:
-        super().__init__(engine, f"{param}: {message}")
-        self.param = param
 
 
 class _Function(msgspec.Struct, frozen=True):

@@ -355,11 +355,13 @@ async def recorder() -> AsyncIterator[Recorder]:
 async def test_body_carries_tools_choice_format_and_tool_turns(recorder: Recorder) -> None:
     response_format = '{"type": "json_schema", "json_schema": {"name": "w", "schema": {}}}'
     params = SamplingParams(
-        max_tokens=64, tools=TOOLS, tool_choice='"required"', response_format=response_format
-    )
+        max_tokens=64, tools=TOOLS, tool_choice='"required"', response_format=response_format,
+        parallel_tool_calls=False,
+    )  # fmt: skip
     await drain(engine_for(recorder.url), ANSWERED, params)
     body = recorder.sent()
     assert body["tools"] == [WEATHER_TOOL] and body["tool_choice"] == "required"
+    assert body["parallel_tool_calls"] is False
     assert body["response_format"] == json.loads(response_format)
     # Spliced in as the client wrote them, not decoded and written again.
     assert TOOLS.encode() in recorder.bodies[0]
@@ -384,7 +386,7 @@ async def test_body_carries_tools_choice_format_and_tool_turns(recorder: Recorde
 async def test_plain_request_sends_none_of_them(recorder: Recorder) -> None:
     await drain(engine_for(recorder.url), WEATHER, SamplingParams(max_tokens=8))
     body = recorder.sent()
-    assert not {"tools", "tool_choice", "response_format"} & set(body)
+    assert not {"tools", "tool_choice", "response_format", "parallel_tool_calls"} & set(body)
     assert body["messages"] == [{"role": "user", "content": "What is the weather in Paris?"}]
 
 

@@ -14,6 +14,7 @@ from engines.base import (
     Delta,
     EngineOverloaded,
     EngineUnavailable,
+    Feature,
     Generation,
     Prompt,
     SamplingParams,
@@ -32,6 +33,7 @@ class Unreachable:
     """An engine whose server cannot be reached: every call fails as unavailable."""
 
     model = "remote-model"
+    features: frozenset[Feature] = frozenset()
 
     def __init__(self, name: str = "remote") -> None:
         self.name = name

@@ -14,7 +14,13 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, InternalServerException, ValidationException
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
-from engines.base import EngineError, EngineOverloaded, EngineUnavailable, PromptTooLong
+from engines.base import (
+    CannotFollow,
+    EngineError,
+    EngineOverloaded,
+    EngineUnavailable,
+    PromptTooLong,
+)
 from gateway.api.timeouts import TIMED_OUT
 from gateway.api.wire import ErrorBody, ErrorResponse
 from gateway.ops import logs
@@ -79,6 +85,8 @@ class APIError(Exception):
                 code="engine_overloaded",
                 retry_after_s=exc.retry_after_s,
             )
+        if isinstance(exc, CannotFollow):
+            return cls(400, exc.message, param=exc.param, code="unsupported")
         if isinstance(exc, PromptTooLong):
             return cls(400, exc.message, param="messages", code="context_length_exceeded")
         if isinstance(exc, EngineUnavailable):

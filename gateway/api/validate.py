@@ -100,6 +100,7 @@ def _params(request: ChatCompletionRequest, limits: ServerSettings) -> SamplingP
         top_logprobs=request.top_logprobs or 0,
         tools=tools,
         tool_choice=tool_choice,
+        parallel_tool_calls=None if tools is None else request.parallel_tool_calls,
         response_format=_response_format(request),
     )
 
