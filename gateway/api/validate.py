@@ -116,8 +116,11 @@ def _tools(request: ChatCompletionRequest) -> tuple[str | None, str | None]:
     field = "function_call" if legacy else "tool_choice"
     choice = request.function_call if legacy else request.tool_choice
     if not tools:
-        if choice not in (None, "none"):
-            raise APIError(400, f"{field} needs {'functions' if legacy else 'tools'}", param=field)
+        asked = (("tool_choice", request.tool_choice, "tools"),
+                 ("function_call", request.function_call, "functions"))  # fmt: skip
+        for name, chosen, needs in asked:
+            if chosen not in (None, "none"):
+                raise APIError(400, f"{name} needs {needs} to choose from", param=name)
         return None, None
     names = [t.function.name for t in tools]
     if len(set(names)) < len(names):
