@@ -133,27 +133,30 @@ def run(
     return times
 
 
-def summary(times: dict[str, list[float]], reference: str) -> dict[str, dict[str, float]]:
+def summary(times: dict[str, list[float]], *references: str) -> dict[str, dict[str, float]]:
+    """Each endpoint's median and p90, and the median of its per-round ratios to each
+    of ``references``."""
     out = {}
     for name, seconds in times.items():
-        ratios = [a / b for a, b in zip(seconds, times[reference], strict=True)]
-        out[name] = {
+        row = {
             "median_ms": statistics.median(seconds) * 1000,
             "p90_ms": statistics.quantiles(seconds, n=10)[-1] * 1000,
-            "median_ratio": statistics.median(ratios),
             "n": len(seconds),
         }
+        for reference in references:
+            ratios = [a / b for a, b in zip(seconds, times[reference], strict=True)]
+            row[f"ratio to {reference}"] = statistics.median(ratios)
+        out[name] = row
     return out
 
 
 def show(title: str, table: dict[str, dict[str, float]]) -> None:
     print(f"\n{title}")
-    print(f"{'endpoint':<36}{'median ms':>10}{'p90 ms':>10}{'ratio':>8}{'n':>6}")
+    columns = list(next(iter(table.values())))
+    print(f"{'endpoint':<34}" + "".join(f"{c:>{max(10, len(c) + 2)}}" for c in columns))
     for name, row in table.items():
-        print(
-            f"{name:<36}{row['median_ms']:>10.2f}{row['p90_ms']:>10.2f}"
-            f"{row['median_ratio']:>8.3f}{row['n']:>6.0f}"
-        )
+        cells = "".join(f"{row[c]:>{max(10, len(c) + 2)}.3f}" for c in columns)
+        print(f"{name:<34}{cells}")
 
 
 def main() -> None:
@@ -174,7 +177,11 @@ def main() -> None:
                 client.post(path, json=body).raise_for_status()
             time.sleep(1)  # the write-backs land
             run(cached, 10, bypass=False)  # warm
-            hits = summary(run(cached, args.rounds, bypass=False), "chat completions")
+            hits = summary(
+                run(cached, args.rounds, bypass=False),
+                "chat completions",
+                "chat completions, framework path",
+            )
             fresh = {name: (express, path, make(16)) for name, (path, make) in ENDPOINTS.items()}
             run(fresh, 2, bypass=True)
             generated = summary(run(fresh, args.generated, bypass=True), "chat completions")
