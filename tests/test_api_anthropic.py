@@ -30,7 +30,7 @@ from gateway.pipeline.outcome import (
     TextDelta,
     ToolCallPart,
 )
-from tests.support import BUNDLED_ENGINES, start_gateway, stop
+from tests.support import BUNDLED_ENGINES, QWEN_TOOLS, start_gateway, stop
 
 KEY, THINKER = (f"sk-{name}-{uuid.uuid4().hex}" for name in ("anthropic", "thinker"))
 
@@ -412,14 +412,6 @@ def test_an_answer_cut_at_its_deadline_says_it_is_unfinished() -> None:
 # -- tools, end to end, on the one bundled model whose template has them -----------------
 # Slow: Qwen 0.5B writes a call in 20-80 s on two busy cores.
 
-QWEN = """
-engines:
-  qwen:
-    backend: llama_cpp
-    model: qwen2.5-coder-0.5b-instruct
-    template: chat
-    context_tokens: 4096
-"""
 WEATHER = {
     "name": "get_weather",
     "description": "The current weather in a city.",
@@ -434,7 +426,7 @@ ASK_WEATHER = {"role": "user", "content": "What is the weather in Paris right no
 
 @pytest.fixture(scope="module")
 def qwen(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    started, process = start_gateway(QWEN, tmp_path_factory.mktemp("anthropic-tools"))
+    started, process = start_gateway(QWEN_TOOLS, tmp_path_factory.mktemp("anthropic-tools"))
     yield started
     stop(process)
 
