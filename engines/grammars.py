@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -60,8 +61,46 @@ class _Converter(SchemaConverter):
         return self.visit(self.resolve_refs(own, name), name)
 
 
+# The converter writes out every repetition a schema allows: maxLength: 10**9 (a body
+# of forty bytes) took 19 GB and a minute before it was stopped. Counts are bounded
+# before it starts; a pattern's quantifiers multiply where they nest, so theirs are
+# bounded as a product.
+MAX_REPETITIONS = 1000
+_COUNTS = ("minItems", "maxItems", "minLength", "maxLength", "minProperties",
+           "maxProperties", "minContains", "maxContains")  # fmt: skip
+_QUANTIFIER = re.compile(r"\{(\d+)(?:,(\d*))?\}")
+
+
+def check_bounded(schema: object, where: str = "schema") -> None:
+    """Raise GrammarError where ``schema`` asks for more repetitions than a grammar
+    is written out for."""
+    if isinstance(schema, list):
+        for i, part in enumerate(schema):
+            check_bounded(part, f"{where}[{i}]")
+        return
+    if not isinstance(schema, Mapping):
+        return
+    for key, value in schema.items():
+        if key in _COUNTS and isinstance(value, int) and value > MAX_REPETITIONS:
+            raise GrammarError(
+                f"{where}.{key} is {value}; a grammar is written for at most "
+                f"{MAX_REPETITIONS} repetitions"
+            )
+        if key == "pattern" and isinstance(value, str):
+            product = 1
+            for low, high in _QUANTIFIER.findall(value):
+                product *= max(int(low), int(high or 0))
+            if product > MAX_REPETITIONS:
+                raise GrammarError(
+                    f"{where}.pattern repeats {product} times where its quantifiers "
+                    f"nest; a grammar is written for at most {MAX_REPETITIONS}"
+                )
+        check_bounded(value, f"{where}.{key}")
+
+
 def json_grammar(schema: Mapping[str, Any]) -> str:
     """A grammar of one JSON value that holds to ``schema``."""
+    check_bounded(schema)
     converter = _Converter()
     _converted(lambda: converter.rule("root", converter.schema(schema, "answer")))
     return str(converter.format_grammar())  # type: ignore[no-untyped-call]
@@ -75,6 +114,10 @@ def calls_grammar(
     """A grammar of calls of ``tools`` (name, parameters' schema) in Qwen's markup: one
     call, or (``many``) one or more; with ``answer``, a JSON value of that schema is
     the other way to answer."""
+    for name, parameters in tools:
+        check_bounded(parameters, f"{name}.parameters")
+    if answer is not None:
+        check_bounded(answer)
     converter = _Converter()
 
     def build() -> None:
@@ -94,9 +137,30 @@ def calls_grammar(
     return str(converter.format_grammar())  # type: ignore[no-untyped-call]
 
 
+# llama.cpp's grammar parser recurses once per nested group: a schema that asks for
+# tens of thousands of repetitions (a pattern's a{1,20000}, minItems: 50000) nests as
+# deep, and the parser overflowed the worker's stack and killed the process (seen here
+# at 20,000 and 50,000 deep; 2,000 and 10,000 were refused cleanly). Refused before.
+MAX_GRAMMAR_DEPTH = 1000
+MAX_GRAMMAR_CHARS = 256 * 1024
+
+
 def check_grammar(vocab: llama_cpp.llama_vocab_p, grammar: str) -> None:
     """Raise GrammarError unless llama.cpp parses ``grammar`` (it would otherwise hand
-    a null sampler to the sampler chain)."""
+    a null sampler to the sampler chain), and before it tries, unless the grammar is
+    small and shallow enough for its parser to try safely."""
+    if len(grammar) > MAX_GRAMMAR_CHARS:
+        raise GrammarError(
+            f"the schema makes a grammar of {len(grammar)} characters; this engine takes "
+            f"at most {MAX_GRAMMAR_CHARS} (ask for fewer repetitions or properties)"
+        )
+    depth = nesting(grammar)
+    if depth > MAX_GRAMMAR_DEPTH:
+        raise GrammarError(
+            f"the schema makes a grammar nested {depth} deep; this engine takes at most "
+            f"{MAX_GRAMMAR_DEPTH} (bound repetitions such as minItems, maxLength or a "
+            "pattern's {m,n} lower)"
+        )
     sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode("utf-8"), b"root")
     if not sampler:
         raise GrammarError("llama.cpp could not parse the grammar built for it")
@@ -205,3 +269,29 @@ def _nines(number: int, count: int) -> int:
 
 def _pattern(digits: list[tuple[str, str]]) -> str:
     return " ".join(f'"{a}"' if a == b else f"[{a}-{b}]" for a, b in digits)
+
+
+def nesting(grammar: str) -> int:
+    """How deep ``grammar``'s groups nest: parentheses outside its literals ("...") and
+    character classes ([...]), where they are text."""
+    deepest = depth = 0
+    closing = ""  # the quote or bracket that ends the literal or class we are in
+    escaped = False
+    for char in grammar:
+        if closing:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == closing:
+                closing = ""
+        elif char == '"':
+            closing = '"'
+        elif char == "[":
+            closing = "]"
+        elif char == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char == ")":
+            depth -= 1
+    return deepest

@@ -283,6 +283,64 @@ def test_an_engine_without_tools_is_refused_by_name(client: openai.OpenAI) -> No
         ({"logit_bias": {"1": 5}}, "logit_bias"),
         (
             {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {"name": "f", "parameters": {"type": "string"}},
+                    }
+                ],
+                "tool_choice": "required",
+            },
+            "tools[0].function.parameters",
+        ),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "n",
+                        "schema": {
+                            "$ref": "#/$defs/n",
+                            "$defs": {
+                                "n": {"type": "object", "properties": {"c": {"$ref": "#/$defs/n"}}}
+                            },
+                        },
+                    },
+                }
+            },
+            "response_format",
+        ),  # a recursive schema: no grammar can hold it
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "n", "schema": {"type": "string", "maxLength": 10**9}},
+                }
+            },
+            "response_format",
+        ),  # written out, its grammar took 19 GB before it was stopped
+        (
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "f",
+                            "parameters": {
+                                "type": "object",
+                                "properties": {
+                                    "a": {"type": "string", "pattern": "^((a{10}){10}){20}$"}
+                                },
+                            },
+                        },
+                    }
+                ],
+                "tool_choice": "required",
+            },
+            "tools",
+        ),  # nested quantifiers multiply
+        (
+            {
                 "response_format": {
                     "type": "json_schema",
                     "json_schema": {
@@ -303,6 +361,10 @@ def test_an_engine_without_tools_is_refused_by_name(client: openai.OpenAI) -> No
         "schema-type",
         "bad-name",
         "logit-bias",
+        "parameters-not-object",
+        "recursive-schema",
+        "huge-repetition",
+        "nested-quantifiers",
         "empty-range",
     ],
 )

@@ -31,7 +31,16 @@ from engines.base import (
     ToolCallDelta,
 )
 from engines.bundled import SMOLLM2, model_file
-from engines.grammars import check_grammar, digit_patterns, integer_range, json_grammar
+from engines.grammars import (
+    MAX_GRAMMAR_DEPTH,
+    GrammarError,
+    check_bounded,
+    check_grammar,
+    digit_patterns,
+    integer_range,
+    json_grammar,
+    nesting,
+)
 from engines.llama_cpp import LlamaCppEngine
 from engines.settings import LlamaCppSettings
 from engines.structured import InvalidShape, Shape, shape_of
@@ -338,6 +347,36 @@ def test_what_cannot_be_followed_is_refused_with_its_param(
     with pytest.raises(InvalidShape) as caught:
         _shape(**fields)
     assert caught.value.param == param
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "string", "maxLength": 10**9},
+        {"type": "array", "items": {"type": "integer"}, "minItems": 50_000},
+        {"type": "object", "properties": {"a": {"type": "string", "pattern": "^a{1,20000}$"}}},
+        {"type": "string", "pattern": "^((a{10}){10}){11}$"},
+    ],
+    ids=["maxLength", "minItems", "pattern", "nested-quantifiers"],
+)
+def test_repetitions_a_grammar_cannot_be_written_for_are_refused_first(
+    schema: dict[str, Any],
+) -> None:
+    """Written out, maxLength: 10**9 took 19 GB before it was stopped, and a grammar
+    nested 20,000 deep overflowed llama.cpp's parser and killed the process."""
+    with pytest.raises(GrammarError, match="at most 1000"):
+        check_bounded(schema)
+    with pytest.raises(InvalidShape) as caught:
+        _shape(response_format=_form(schema))
+    assert caught.value.param == "response_format"
+
+
+def test_a_grammar_nested_too_deep_is_refused_before_llama_cpp_reads_it() -> None:
+    deep = "root ::= " + "(" * (MAX_GRAMMAR_DEPTH + 1) + '"a"' + ")" * (MAX_GRAMMAR_DEPTH + 1)
+    assert nesting(deep) == MAX_GRAMMAR_DEPTH + 1
+    assert nesting('root ::= "((" [(] ("a")') == 1  # literals and classes are text
+    with pytest.raises(GrammarError, match="nested"):
+        check_grammar(llama_cpp.llama_vocab_p(0), deep)  # no vocabulary is ever asked
 
 
 def test_llama_cpp_parses_every_grammar_built(models_dir: Path) -> None:

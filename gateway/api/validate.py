@@ -122,13 +122,24 @@ def _tools(request: ChatCompletionRequest) -> tuple[str | None, str | None]:
             if chosen not in (None, "none"):
                 raise APIError(400, f"{name} needs {needs} to choose from", param=name)
         return None, None
+    field_name = "functions" if legacy else "tools"
+    for i, tool in enumerate(tools):
+        kind = (tool.function.parameters or {}).get("type", "object")
+        if kind != "object":
+            where = f"{field_name}[{i}]" + ("" if legacy else ".function") + ".parameters"
+            raise APIError(
+                400,
+                f"a function's parameters are a JSON Schema of type object (its arguments "
+                f"are named); this one's type is {shown(str(kind))}",
+                param=where,
+            )
     names = [t.function.name for t in tools]
     if len(set(names)) < len(names):
         twice = sorted({n for n in names if names.count(n) > 1})
         raise APIError(
             400,
             f"each tool needs a name of its own; {shown(', '.join(twice))} is given twice",
-            param="functions" if legacy else "tools",
+            param=field_name,
         )
     if choice == "none":
         return None, None
