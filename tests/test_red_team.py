@@ -485,6 +485,27 @@ def test_what_the_engine_cannot_do_is_refused(
     assert error["param"] == param and error["code"] == code
 
 
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "string", "maxLength": 10**9},
+        {"type": "string", "pattern": "^a{1,20000}$"},
+        {"$ref": "#/$defs/n", "$defs": {"n": {"type": "object", "properties": {
+            "c": {"$ref": "#/$defs/n"}}}}},
+    ],
+    ids=["grammar-of-gigabytes", "grammar-too-deep", "recursive"],
+)  # fmt: skip
+def test_a_schema_no_grammar_can_hold_is_refused_and_the_gateway_lives(
+    red: Gateway, schema: dict[str, Any]
+) -> None:
+    """Before, the first took 19 GB building its grammar and the second killed the
+    process in llama.cpp's grammar parser: a forty-byte body could end a replica."""
+    form = {"type": "json_schema", "json_schema": {"name": "bomb", "schema": schema}}
+    error = error_of(red.chat({**CHAT, "response_format": form}), 400)
+    assert error["param"] == "response_format" and error["code"] == "unsupported"
+    assert red.chat(CHAT).status_code == 200
+
+
 def test_asking_for_nothing_unsupported_is_answered(red: Gateway) -> None:
     asked = {"tools": [], "tool_choice": "none", "response_format": {"type": "text"}}
     assert red.chat({**CHAT, **asked}).status_code == 200
