@@ -1,0 +1,121 @@
+"""bench/greedy_first.py on a slice of the banks: every arm is computed from the banked
+answers, greedy-first's two ends are large greedy and the shipped loop, and the settings
+are chosen on the fitting half."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+
+from evaluator.answers import extract, is_correct
+from evaluator.calibration import calibrator_file, read_calibrator
+from evaluator.replay import replay_loop
+from evaluator.signals import majority
+from gateway.config import load_config
+from tests.support import ROOT, bench_script
+
+greedy_first = bench_script("greedy_first")
+# msgspec resolves a Struct's annotations through its module in sys.modules.
+sys.modules.setdefault("greedy_first", greedy_first)
+
+BANKS = ROOT / "bench" / "banks"
+pytestmark = pytest.mark.skipif(
+    not (BANKS / "greedy_large" / "arc_challenge.jsonl.xz").exists(),
+    reason="no ARC-Challenge greedy bank under bench/banks",
+)
+N = 40
+# (items, the shipped loop settings, its calibrator); the bench module is untyped here.
+Slice = tuple[Any, Any, Any]
+ORDERS = 2
+
+
+@pytest.fixture(scope="module")
+def slice_() -> Slice:
+    config = load_config()
+    assert config.loop is not None
+    calibrator = read_calibrator(calibrator_file("bundled"))
+    runs = greedy_first.bank_runs("arc_challenge")[:N]
+    positions = {run.id: i for i, run in enumerate(runs)}
+    small = greedy_first.read_greedy_runs(BANKS / "greedy_small" / "arc_challenge.jsonl.xz")
+    large = greedy_first.read_greedy_runs(BANKS / "greedy_large" / "arc_challenge.jsonl.xz")
+    items = greedy_first.items_of(runs, positions, small, large, calibrator, ORDERS)
+    assert len(items) == N
+    return items, config.loop, calibrator
+
+
+def test_the_greedy_and_majority_arms_are_the_banked_answers(slice_: Slice) -> None:
+    items, _, _ = slice_
+    large = greedy_first.read_greedy_runs(BANKS / "greedy_large" / "arc_challenge.jsonl.xz")
+    right = [is_correct(i.run.question, large[i.run.id].samples[0].text) for i in items]
+    arm = greedy_first.arm("large greedy", greedy_first.greedy_arm(items, "large"))
+    assert arm.accuracy == sum(right) / N and arm.n == N
+    assert arm.low < arm.accuracy < arm.high
+    tokens = [large[i.run.id].samples[0].completion_tokens for i in items]
+    assert arm.mean_tokens == pytest.approx(np.mean(tokens))
+    # Majority of all 8, in each branch order (a tie goes to the answer seen first).
+    eight = greedy_first.arm("k=8", greedy_first.majority_arm(items, 8))
+    by_hand = []
+    for i in items:
+        for q in i.orders:
+            samples = q.run.samples
+            answer = majority([extract(i.run.kind, s.text) for s in samples])
+            texts = [s.text for s in samples if extract(i.run.kind, s.text) == answer]
+            by_hand.append(answer is not None and is_correct(i.run.question, texts[0]))
+    assert eight.accuracy == pytest.approx(sum(by_hand) / (N * ORDERS))
+
+
+def test_the_loop_arm_is_replay_loop_and_greedy_first_spans_greedy_to_the_loop(
+    slice_: Slice,
+) -> None:
+    items, settings, calibrator = slice_
+    theirs = replay_loop([i.run for i in items], settings, calibrator, ORDERS)
+    ours = greedy_first.loop_arm(items, settings)
+    for q, o in enumerate(ours):
+        mine = [outcome for _, outcome in theirs[q * ORDERS : (q + 1) * ORDERS]]
+        assert o.correct == pytest.approx(np.mean([m.correct for m in mine]))
+        assert o.tokens == pytest.approx(np.mean([m.tokens for m in mine]))
+    p = [0.5] * N
+    rounds = settings.max_rounds
+    never = greedy_first.sampled_part(items, 0.0, rounds, settings, calibrator)
+    # t = 0: every question stops at the greedy pass.
+    at_once = greedy_first.greedy_first_arm(items, p, 0.0, never)
+    assert at_once == greedy_first.greedy_arm(items, "large")
+    # Never stopping at greedy with it out of the vote: the shipped loop, after a greedy pass.
+    always = greedy_first.greedy_first_arm(items, p, greedy_first.NEVER, never)
+    for a, o, i in zip(always, ours, items, strict=True):
+        assert a.correct == pytest.approx(o.correct)
+        assert a.tokens == pytest.approx(o.tokens + i.large.tokens)
+    # A heavy greedy vote sides with the greedy answer more often than without it.
+    heavy = greedy_first.sampled_part(items, 100.0, rounds, settings, calibrator)
+    with_it = greedy_first.arm("", greedy_first.greedy_first_arm(items, p, 1.0, heavy))
+    greedy = greedy_first.arm("", greedy_first.greedy_arm(items, "large"))
+    assert abs(with_it.accuracy - greedy.accuracy) <= abs(
+        greedy_first.arm("", always).accuracy - greedy.accuracy
+    )
+
+
+def test_settings_are_chosen_on_the_fitting_half_and_every_arm_is_read_held_out(
+    slice_: Slice,
+) -> None:
+    items, settings, calibrator = slice_
+    fitting, held = items[:20], items[20:]
+    report = greedy_first.measure(fitting, held, settings, calibrator, folds=2)
+    assert report["fitting_questions"] == 20 and report["held_out_questions"] == 20
+    assert all(a["n"] == 20 for a in report["arms"])
+    names = [a["name"] for a in report["arms"]]
+    assert names[:2] == ["small greedy", "large greedy"]
+    assert sum(n.startswith("majority of") for n in names) == 8
+    # The project's rule with greedy as the reference cannot pick anything dearer than
+    # greedy itself: t = 0 is greedy's accuracy at greedy's tokens.
+    ref = report["fitting_reference"]
+    rule = report["rule_choice"]
+    assert rule["mean_tokens"] == pytest.approx(ref["mean_tokens"])
+    chosen = report["chosen"]
+    assert chosen["mean_tokens"] <= greedy_first.TARGET_TOKENS * ref["mean_tokens"]
+    sweep = report["fitting_sweep"]
+    assert max(p["accuracy"] for p in sweep) == report["most_accurate_on_fitting"]["accuracy"]
+    text = greedy_first.render(report)
+    assert "| large greedy |" in text
