@@ -258,11 +258,13 @@ USER = {"role": "user", "content": "hi"}
           "tools": [{"name": "g", "input_schema": {"type": "object"}}], "messages": [USER]},
          400, "tool_choice"),
         ({"model": "claude-opus-4", "max_tokens": 8, "messages": [USER]}, 404, "model"),
+        ({"model": "small", "max_tokens": 8, "tools": [{"name": "g", "input_schema":
+          {"type": "array"}}], "messages": [USER]}, 400, "tools[0].input_schema"),
     ],
     ids=[
         "no-max-tokens", "max-tokens-0", "system-role", "image", "document-in-result",
         "tool-use-from-user", "top-k", "temperature-1.5", "five-stops", "max-tokens-cap",
-        "prefill", "unknown-tool-choice", "unknown-model",
+        "prefill", "unknown-tool-choice", "unknown-model", "input-schema-not-object",
     ],
 )  # fmt: skip
 def test_bad_input_is_refused_in_anthropics_shape_naming_the_field(

@@ -251,13 +251,15 @@ HI = {"role": "user", "content": "hi"}
         ({"max_output_tokens": 100_000}, "max_output_tokens"),
         ({"text": {"format": {"type": "xml"}}}, "text.format.type"),
         ({"model": "gpt-9"}, "model"),
+        ({"tools": [{"type": "function", "name": "f", "parameters": {"type": "string"}}],
+          "tool_choice": "required"}, "tools[0].parameters"),
     ],
     ids=[
         "item-reference", "input-image", "part-without-text", "message-without-role",
         "output-without-call-id", "unknown-role", "empty-list", "empty-string", "web-search",
         "function-without-name", "tool-choice-built-in", "previous-response-id",
         "conversation", "background", "max-output-tokens-over-cap", "unknown-format",
-        "unknown-model",
+        "unknown-model", "parameters-not-object",
     ],
 )  # fmt: skip
 def test_what_cannot_be_answered_is_refused_naming_the_field(

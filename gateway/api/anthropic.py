@@ -421,6 +421,8 @@ _FIELDS = {
     "stop": "stop_sequences",
     "response_format": "output_config.format",
     "response_format.json_schema.schema": "output_config.format.schema",
+    "tools[].function.name": "tools[].name",
+    "tools[].function.parameters": "tools[].input_schema",
 }
 
 

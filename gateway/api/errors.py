@@ -156,11 +156,20 @@ class APIError(Exception):
 
     def renamed(self, fields: Mapping[str, str]) -> APIError:
         """This error naming its field as ``fields`` calls it (an API translated onto
-        chat completions names its own fields), or itself when it names none of them."""
+        chat completions names its own fields), or itself when it names none of them.
+        A name's ``[]`` stands for any index, which the new name keeps in order
+        (``tools[].function.parameters`` -> ``tools[].input_schema``)."""
         old = self.body.param
-        new = fields.get(old or "")
-        if old is None or new is None:
+        if old is None:
             return self
+        new = fields.get(old)
+        if new is None:
+            indices = _INDEX.findall(old)
+            pattern = fields.get(_INDEX.sub("[]", old))
+            if pattern is None or pattern.count("[]") != len(indices):
+                return self
+            head, *tails = pattern.split("[]")
+            new = head + "".join(f"[{i}]{tail}" for i, tail in zip(indices, tails, strict=True))
         message = self.body.message
         if message.startswith(old):
             message = new + message[len(old) :]
@@ -201,6 +210,8 @@ class APIError(Exception):
         )
         return msgspec.json.encode(AnthropicError(AnthropicErrorBody(kind, message)))
 
+
+_INDEX = re.compile(r"\[(\d+)\]")
 
 # The error shape of each API: OpenAI's for chat completions and responses.
 ErrorShape = Literal["openai", "anthropic"]

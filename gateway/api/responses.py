@@ -65,6 +65,8 @@ _FIELDS = {
     "max_completion_tokens": "max_output_tokens",
     "response_format": "text.format",
     "response_format.json_schema.schema": "text.format.schema",
+    "tools[].function.name": "tools[].name",
+    "tools[].function.parameters": "tools[].parameters",
 }
 
 
