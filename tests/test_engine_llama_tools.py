@@ -356,8 +356,9 @@ def test_what_cannot_be_followed_is_refused_with_its_param(
         {"type": "array", "items": {"type": "integer"}, "minItems": 50_000},
         {"type": "object", "properties": {"a": {"type": "string", "pattern": "^a{1,20000}$"}}},
         {"type": "string", "pattern": "^((a{10}){10}){11}$"},
+        {"enum": [f"v{i}" for i in range(1001)]},
     ],
-    ids=["maxLength", "minItems", "pattern", "nested-quantifiers"],
+    ids=["maxLength", "minItems", "pattern", "nested-quantifiers", "enum"],
 )
 def test_repetitions_a_grammar_cannot_be_written_for_are_refused_first(
     schema: dict[str, Any],
@@ -366,6 +367,8 @@ def test_repetitions_a_grammar_cannot_be_written_for_are_refused_first(
     nested 20,000 deep overflowed llama.cpp's parser and killed the process."""
     with pytest.raises(GrammarError, match="at most 1000"):
         check_bounded(schema)
+    # The same numbers as data (an enum's values, a default) bound nothing.
+    check_bounded({"enum": [schema], "default": schema, "type": "object"})
     with pytest.raises(InvalidShape) as caught:
         _shape(response_format=_form(schema))
     assert caught.value.param == "response_format"
