@@ -35,12 +35,17 @@ ISOTONIC_MIN_LABELS = 200
 # The loop's "calibrator: bundled": fitted for the bundled large model by
 # `make default-calibrator`, shipped in the package.
 BUNDLED_CALIBRATOR = "bundled"
+# The package's files that "bundled" names: the vote's calibrator, and P(greedy right)'s
+# for the loop's greedy_calibrator.
+VOTE_FILE = "default.calibrator"
+GREEDY_FILE = "greedy.calibrator"
 
 
-def calibrator_file(name: str) -> Path:
-    """The file a config's ``calibrator`` names: "bundled", or a path."""
+def calibrator_file(name: str, bundled: str = VOTE_FILE) -> Path:
+    """The file a config's ``calibrator`` names: "bundled" (the package's file
+    ``bundled``), or a path."""
     if name == BUNDLED_CALIBRATOR:
-        return Path(str(resources.files("evaluator").joinpath("data/default.calibrator")))
+        return Path(str(resources.files("evaluator").joinpath(f"data/{bundled}")))
     return Path(name).expanduser()
 
 

@@ -50,6 +50,7 @@ from evaluator.signals import (
     PROBE_SUFFIX,
     LowConfidenceWatch,
     Probe,
+    TraceConfidence,
     probes_agree,
     read_probe,
     trace_confidence,
@@ -89,6 +90,9 @@ class RoundTrace(msgspec.Struct, frozen=True, kw_only=True):
     probability: float  # its calibrated P(correct)
     tokens: int  # generated in this round
     seconds: float
+    # The greedy_first pass: one branch at temperature 0, its answer alone, and its
+    # probability P(greedy right) from the greedy calibrator.
+    greedy: bool = False
 
 
 FirstAnswerVerdict = Literal["confirmed", "replaced", "unfinished", "withdrawn"]
@@ -149,6 +153,8 @@ class _Branch(msgspec.Struct, kw_only=True):
     tokens: int
     finish_reason: FinishReason | Literal["pruned", "probed"]
     prompt_tokens: int = 0
+    # Its vote weighs this times its confidence: greedy_weight for the greedy pass.
+    weight: float = 1.0
     # Its probes, oldest first (only with LoopSettings.probes), and the text of the
     # last one's answer.
     probes: list[Probe] = msgspec.field(default_factory=list)
@@ -200,10 +206,11 @@ class _Growing:
 
 
 class _Vote(msgspec.Struct, frozen=True):
-    """A branch as the vote reads it (evaluator.signals.Trace)."""
+    """A branch as the vote reads it (evaluator.signals.Trace), and its weight."""
 
     text: str
     logprobs: tuple[TokenLogprob, ...]
+    weight: float = 1.0
 
 
 class _Run:
@@ -219,12 +226,24 @@ class _Run:
         self.deadline = deadline
         self.max_tokens = max_tokens  # the client's limit on each branch
         self.branches: list[_Branch] = []
+        self.greedy: _Branch | None = None  # the greedy_first pass, once it has run
         self.rounds: list[RoundTrace] = []
         self.verdict: Verdict | None = None
         self.previous: Verdict | None = None  # the verdict a round before
         self.best: Verdict | None = None
         self.spent = 0
         self.probe_spent = 0
+
+    @property
+    def sampling_rounds(self) -> int:
+        """The rounds so far that sampled (the greedy pass is not one of them)."""
+        return len(self.rounds) - (self.greedy is not None)
+
+    def judged(self, verdict: Verdict) -> None:
+        """``verdict`` is the run's now, and its best so far if none was more likely."""
+        self.verdict = verdict
+        if self.best is None or verdict.probability >= self.best.probability:
+            self.best = verdict
 
     def result(
         self,
@@ -267,12 +286,15 @@ class ReasoningLoop:
         calibrator: Calibrator | None,
         *,
         small: Engine | None = None,
+        greedy_calibrator: Calibrator | None = None,
     ) -> None:
         self.engine = engine
         self.settings = settings
         self.calibrator = calibrator
         self.small = small
         self._signals = signal_settings(calibrator)
+        # P(greedy right) of the greedy_first pass; None: its vote share stands in.
+        self.greedy_calibrator = greedy_calibrator
 
     def use_calibrator(self, calibrator: Calibrator | None) -> None:
         """P(correct) from ``calibrator`` for the runs that start from now on (a policy
@@ -383,14 +405,19 @@ class ReasoningLoop:
         return generation, verdict.probability if verdict.answer is not None else 0.0
 
     def _opening_note(self, run: _Run) -> str:
+        rounds = f"up to {self.settings.max_rounds} rounds of {run.k} branches"
+        if self.settings.greedy_first:
+            rounds = f"a greedy pass, then {rounds}"
         budget = " ".join(
-            [f"up to {self.settings.max_rounds} rounds of {run.k} branches"]
+            [rounds]
             + ([] if run.deadline is None else [f"{(run.deadline - run.started) * 1000:.0f} ms"])
         )
         return f"Thinking ({budget}); the question asks for {_KIND_WORDS[run.kind]}.\n"
 
     def _end_before_round(self, run: _Run) -> StopReason | None:
         """Why no further round starts, or None: another one does."""
+        if run.greedy is not None and not run.sampling_rounds:
+            return self._after_greedy(run)
         if run.rounds:
             return self._stop(run)
         if run.deadline is not None and time.monotonic() >= run.deadline:
@@ -404,11 +431,12 @@ class ReasoningLoop:
         probes, then every branch's vote. None when the engine refused the round and
         the loop has an answer to give instead."""
         round_started = time.monotonic()
+        greedy = self.settings.greedy_first and not run.rounds
         going_on = [b for b in run.branches if self._open(b, run.max_tokens)]
         try:
-            ran = await self._round(messages, going_on, run, shown)
+            ran = await self._round(messages, going_on, run, shown, greedy=greedy)
         except EngineOverloaded:
-            if run.verdict is None:
+            if run.best is None:
                 raise  # nothing to answer with: the client hears 429
             return None
         tokens = sum(b.tokens for b in ran) - sum(b.tokens for b in going_on)
@@ -419,7 +447,10 @@ class ReasoningLoop:
             tokens += probed
             run.probe_spent += probed
         run.spent += tokens
-        self._vote(run)
+        if greedy:
+            self._greedy_vote(run, ran[0])
+        else:
+            self._vote(run)
         trace = RoundTrace(
             round=len(run.rounds) + 1,
             branches=[self._branch_trace(run.kind, b, run.max_tokens) for b in ran],
@@ -427,26 +458,45 @@ class ReasoningLoop:
             probability=0.0 if run.verdict is None else run.verdict.probability,
             tokens=tokens,
             seconds=time.monotonic() - round_started,
+            greedy=greedy,
         )
         run.rounds.append(trace)
         return trace
 
     def _vote(self, run: _Run) -> None:
-        """Every branch so far votes; the leading answer becomes the run's verdict."""
-        votes, answers, probes = self._votes(run.kind, run.branches, run.max_tokens)
-        run.previous = run.verdict
+        """Every branch so far votes (the greedy pass at greedy_weight, unless that is
+        0); the leading answer becomes the run's verdict."""
+        voters = [b for b in run.branches if b.weight > 0]
+        votes, answers, probes = self._votes(run.kind, voters, run.max_tokens)
+        # The greedy pass's verdict is no round before the first sampling round: its P
+        # is another calibrator's, so no gain is measured against it.
+        run.previous = run.verdict if run.sampling_rounds else None
         if not votes:
+            if not run.sampling_rounds:
+                # The greedy pass's verdict is no vote's (it stays the best so far).
+                run.verdict = None
             return
-        run.verdict = tally(
-            run.kind,
-            votes,
-            answers,
-            calibrator=self.calibrator,
-            prune_below=self.settings.prune_below,
-            probes=probes if self.settings.probes else None,
+        traces = [_weighed(trace_confidence(v.logprobs, self._signals), v.weight) for v in votes]
+        run.judged(
+            tally(
+                run.kind,
+                votes,
+                answers,
+                calibrator=self.calibrator,
+                prune_below=self.settings.prune_below,
+                traces=traces,
+                probes=probes if self.settings.probes else None,
+            )
         )
-        if run.best is None or run.verdict.probability >= run.best.probability:
-            run.best = run.verdict
+
+    def _greedy_vote(self, run: _Run, greedy: _Branch) -> None:
+        """The greedy pass alone: its answer and P(greedy right), from the greedy
+        calibrator. Its later votes weigh greedy_weight times its confidence."""
+        greedy.weight = self.settings.greedy_weight
+        run.greedy = greedy
+        votes, answers, _ = self._votes(run.kind, [greedy], run.max_tokens)
+        if votes:  # not when the deadline cut it or DeepConf's filter stopped it
+            run.judged(tally(run.kind, votes, answers, calibrator=self.greedy_calibrator))
 
     def _own_answer(self, run: _Run, end: EndReason) -> LoopResult:
         """The loop's own answer, when it stopped before the deadline."""
@@ -483,6 +533,15 @@ class ReasoningLoop:
                     return run.result("deadline", small.text, "small", 0.0, small.engine)
         return run.result("deadline", "", "error", 0.0, self.engine.name)
 
+    def _after_greedy(self, run: _Run) -> StopReason | None:
+        """After the greedy pass: confident when P(greedy right) reaches greedy_stop;
+        otherwise sampling rounds follow, if the budget and the clock afford one (a
+        pass that did not vote, cut by the deadline or pruned, has nothing to stop on)."""
+        verdict = run.verdict
+        if verdict is not None and verdict.probability >= self.settings.greedy_stop:
+            return "confident"
+        return self._stop(run)
+
     def _stop(self, run: _Run) -> StopReason | None:
         spent, deadline = run.spent, run.deadline
         seconds = sum(r.seconds for r in run.rounds)
@@ -492,9 +551,12 @@ class ReasoningLoop:
         next_tokens = run.k * per_branch
         # Another round costs what the rounds so far took per token, at their speed.
         next_s = next_tokens * seconds / spent if spent else None
+        # max_rounds counts sampling rounds, and the vote's threshold is not for the
+        # greedy pass's verdict alone.
+        rounds = run.sampling_rounds
         return stop_reason(
-            run.verdict,
-            rounds=len(run.rounds),
+            run.verdict if rounds else None,
+            rounds=rounds,
             tokens=spent,
             next_round_tokens=next_tokens,
             settings=self.settings,
@@ -509,18 +571,16 @@ class ReasoningLoop:
         going_on: list[_Branch],
         run: _Run,
         shown: Shown,
+        *,
+        greedy: bool = False,
     ) -> list[_Branch]:
-        """Run the branches still reasoning a round further, and new ones up to k; the
-        first of them is shown as it is generated (the others in the round's note)."""
-        k, deadline, max_tokens = run.k, run.deadline, run.max_tokens
-        tokens = self.settings.round_tokens
-        params = SamplingParams(
-            max_tokens=tokens if max_tokens is None else min(tokens, max_tokens),
-            temperature=self.settings.temperature,
-            logprobs=True,
-            top_logprobs=self._signals.top_k,
-        )
+        """Run the branches still reasoning a round further, and new ones up to k (with
+        ``greedy``, the greedy pass alone); the first of them is shown as it is
+        generated (the others in the round's note)."""
+        k, deadline, max_tokens = (1 if greedy else run.k), run.deadline, run.max_tokens
+        params = self._round_params(max_tokens, greedy)
         priors: list[_Branch | None] = [*going_on, *[None] * max(0, k - len(going_on))]
+        which = "the greedy pass" if greedy else f"branch 1 of {len(priors)}"
         tasks = [
             asyncio.create_task(
                 self._branch(
@@ -530,7 +590,7 @@ class ReasoningLoop:
                     prior,
                     max_tokens,
                     shown if i == 0 else None,
-                    f"Round {len(run.rounds) + 1}, branch 1 of {len(priors)}:\n",
+                    f"Round {len(run.rounds) + 1}, {which}:\n",
                 )
             )
             for i, prior in enumerate(priors)
@@ -541,6 +601,24 @@ class ReasoningLoop:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _round_params(self, max_tokens: int | None, greedy: bool) -> SamplingParams:
+        tokens = self.settings.round_tokens
+        params = SamplingParams(
+            max_tokens=tokens if max_tokens is None else min(tokens, max_tokens),
+            temperature=self.settings.temperature,
+            logprobs=True,
+            top_logprobs=self._signals.top_k,
+        )
+        if not greedy:
+            return params
+        # The large engine's own answer, with the alternatives that both the vote's
+        # signals and P(greedy right)'s read.
+        calibrator = self.greedy_calibrator
+        top_k = 0 if calibrator is None else calibrator.signals.top_k
+        return msgspec.structs.replace(
+            params, temperature=0.0, top_logprobs=max(params.top_logprobs, top_k)
+        )
 
     def _open(self, branch: _Branch, max_tokens: int | None) -> bool:
         """Whether a branch goes on in the next round: with probes on, one that the
@@ -569,7 +647,7 @@ class ReasoningLoop:
                 answer = branch.probes[-1].answer
             else:
                 answer = extract(kind, branch.text)
-            votes.append(_Vote(branch.reply, branch.logprobs))
+            votes.append(_Vote(branch.reply, branch.logprobs, branch.weight))
             answers.append(answer)
             probes.append(branch.probes)
         return votes, answers, probes
@@ -705,6 +783,11 @@ class ReasoningLoop:
 
     def _round_note(self, trace: RoundTrace, verdict: Verdict | None) -> str:
         said = ", ".join(repr(b.answer) if b.answer else b.finish_reason for b in trace.branches)
+        if trace.greedy:
+            return (
+                f"Round {trace.round}, the greedy pass: {said}; P(greedy right) "
+                f"{trace.probability:.2f} (greedy_stop {self.settings.greedy_stop:.2f}).\n"
+            )
         if verdict is None or verdict.answer is None:
             return f"Round {trace.round}: {said}; no answer yet.\n"
         return (
@@ -756,6 +839,13 @@ class ReasoningLoop:
         # off mid-sentence is not.
         whole = sample.finish_reason in ("stop", "length")
         return generation if whole and sample.text.strip() else None
+
+
+def _weighed(trace: TraceConfidence, weight: float) -> TraceConfidence:
+    """``trace`` with its vote weight (its lowest group confidence) times ``weight``."""
+    if weight == 1.0 or trace.lowest_group is None:
+        return trace
+    return msgspec.structs.replace(trace, lowest_group=weight * trace.lowest_group)
 
 
 async def _stopped(task: asyncio.Task[object]) -> None:

@@ -50,11 +50,13 @@ class LoopSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     hard_branches: Positive | None = None
     # The router's difficulty score from which hard_branches apply.
     hard_difficulty: Probability = 0.9
-    # Most rounds the loop runs before it answers with what it has.
+    # Most rounds the loop runs before it answers with what it has (with greedy_first,
+    # sampling rounds: the greedy pass is not counted).
     max_rounds: Positive = 4
     # Most tokens one branch may generate in one round.
     round_tokens: Positive = 64
-    # Most tokens a request may spend over all rounds, probes included.
+    # Most tokens a request may spend over all rounds, probes and the greedy pass
+    # included.
     token_budget: Positive = 1024
     # Stop when a round raised P(correct) by less than this: more of the same samples
     # are not changing the evaluator's mind. null: only the rules above stop.
@@ -84,6 +86,31 @@ class LoopSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # Off by default: on a 2-core host the small engine takes CPU from the loop's
     # branches (docs/benchmarks.md, "Answer while thinking").
     first_answer: bool = False
+    # Start with one branch at temperature 0 (the large engine's greedy answer, with
+    # logprobs), whatever `branches` says; sampling rounds follow only when it is
+    # unlikely to be right (greedy_stop). Not combined with probes: the greedy pass
+    # would go on at `temperature` in the next round.
+    greedy_first: bool = False
+    # With greedy_first: stop after the greedy pass when P(greedy right) reaches this
+    # (an unanswered pass has P 0, so 0 stops after it whatever it said). The vote's
+    # `threshold` does not apply to that pass alone.
+    greedy_stop: Probability = 0.0
+    # With greedy_first: the greedy pass's vote in every later round weighs this times
+    # its own confidence; 0 leaves it out of the vote.
+    greedy_weight: Annotated[float, msgspec.Meta(ge=0.0)] = 1.0
+    # With greedy_first: P(greedy right) from "bundled", the calibrator fitted for the
+    # bundled large model's greedy answers (evaluator/data/greedy.calibrator), or a
+    # file from `satisfice evaluator fit`; null: its one-branch vote share (1 for an
+    # answer) stands in.
+    greedy_calibrator: str | None = "bundled"
+
+    def __post_init__(self) -> None:
+        if self.greedy_first and self.probes:
+            raise ValueError("greedy_first and probes cannot be combined")
+
+    def greedy_calibrator_in_use(self) -> str | None:
+        """The greedy calibrator the loop reads: none without greedy_first."""
+        return self.greedy_calibrator if self.greedy_first else None
 
     def branches_for(self, difficulty: float | None) -> int:
         hard = difficulty is not None and difficulty >= self.hard_difficulty

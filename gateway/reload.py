@@ -53,6 +53,9 @@ _RESTART_ONLY: dict[str, Callable[[GatewayConfig], Any]] = {
     "cache.verifier": lambda c: c.cache and c.cache.verifier,
     "loop (on or off)": lambda c: c.loop is None,
     "loop.calibrator": lambda c: c.loop and c.loop.calibrator,
+    # The file is read at the start, and only with greedy_first on: turning that on
+    # with a calibrator needs a restart too.
+    "loop.greedy_calibrator": lambda c: c.loop and c.loop.greedy_calibrator_in_use(),
     "auth.rate_limit_url": lambda c: c.auth.rate_limit_url,
     "telemetry": lambda c: c.telemetry,
     # Where checks and policy versions are kept; the shares and limits change hot.

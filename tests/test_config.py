@@ -19,6 +19,16 @@ engines:
     model: smollm2-135m-instruct
 """
 
+# Two engines and a router, which a loop needs.
+PAIR = (
+    BASE
+    + """  large:
+    backend: llama_cpp
+    model: smollm2-135m-instruct
+router: {}
+"""
+)
+
 
 def test_embedded_default_serves_the_qwen_pair_with_smollm2_as_fallback() -> None:
     config = load_config()
@@ -52,6 +62,15 @@ def test_embedded_default_serves_the_qwen_pair_with_smollm2_as_fallback() -> Non
         ),
         (BASE + "router: {}\n", "router: engine 'large' is not configured"),
         (BASE + "router:\n  threshold: -1\n", "router.threshold = -1: Expected `float` >= 0.0"),
+        (
+            PAIR + "loop:\n  greedy_weight: -1\n",
+            "loop.greedy_weight = -1: Expected `float` >= 0.0",
+        ),
+        (PAIR + "loop:\n  greedy_stop: 1.5\n", "loop.greedy_stop = 1.5: Expected `float` <= 1.0"),
+        (
+            PAIR + "loop:\n  greedy_first: true\n  probes: true\n",
+            "greedy_first and probes cannot be combined",
+        ),
         ("engines: [1\n", "not valid YAML"),
         ("- 1\n", "expected a mapping"),
     ],
@@ -61,6 +80,15 @@ def test_bad_config_names_path_value_and_expectation(text: str, expected: str) -
         parse_config(text, "satisfice.yaml")
     assert str(caught.value).startswith("satisfice.yaml: ")
     assert expected in str(caught.value)
+
+
+def test_embedded_default_has_the_greedy_first_keys_off() -> None:
+    loop = load_config().loop
+    assert loop is not None
+    assert (loop.greedy_first, loop.greedy_stop, loop.greedy_weight) == (False, 0.0, 1.0)
+    assert loop.greedy_calibrator == "bundled"
+    # Off, the greedy pass's calibrator is not read (nor needed).
+    assert loop.greedy_calibrator_in_use() is None
 
 
 def _check(path: Path) -> subprocess.CompletedProcess[str]:
@@ -83,6 +111,17 @@ def test_config_check_command(tmp_path: Path) -> None:
     result = _check(tmp_path / "missing.yaml")
     assert result.returncode == 2
     assert "cannot read" in result.stderr
+
+    # The greedy pass's calibrator is read as the loop's is, once greedy_first is on.
+    greedy = tmp_path / "greedy.yaml"
+    missing = tmp_path / "no.calibrator"
+    loop = f"loop:\n  calibrator: null\n  greedy_calibrator: {missing}\n"
+    greedy.write_text(PAIR + loop)
+    assert _check(greedy).returncode == 0
+    greedy.write_text(PAIR + loop + "  greedy_first: true\n")
+    result = _check(greedy)
+    assert result.returncode == 2
+    assert f"{missing}: cannot read" in result.stderr
 
 
 @pytest.mark.parametrize(

@@ -205,6 +205,7 @@ engines:
         ENGINES + "tenants: {'a:b': {}}\n",
         ENGINES + "auth: {keys: {k: {env: SATISFICE_TEST_UNSET_KEY, tenant: 'a b'}}}\n",
         ENGINES + "loop: {}\n",
+        ENGINES + "router: {}\nloop: {greedy_first: true, probes: true}\n",
         ENGINES + "server: {max_tokens_cap: 10, default_max_tokens: 20}\n",
     ],
 )

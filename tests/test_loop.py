@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import time
 
+import msgspec
 import pytest
 
 from engines.base import Message
@@ -74,6 +75,29 @@ async def test_runs_out_of_rounds_then_tokens(large_engine: LlamaCppEngine) -> N
     _, result = await run(ReasoningLoop(large_engine, budget, doubtful()), deadline=None)
     assert result.trace.stop == "token_budget"
     assert len(result.trace.rounds) < 10
+
+
+@pytest.mark.slow  # five passes on the large engine: 17-21 s on 2 cores under load
+async def test_greedy_first_is_one_pass_at_temperature_0_then_samples(
+    large_engine: LlamaCppEngine,
+) -> None:
+    greedy = LoopSettings(greedy_first=True, round_tokens=8, calibrator=None)
+    # greedy_stop 0: the greedy pass alone, the same answer every time.
+    loop = ReasoningLoop(large_engine, greedy, None, greedy_calibrator=doubtful())
+    _, first = await run(loop, deadline=None)
+    _, again = await run(loop, deadline=None)
+    (only,) = first.trace.rounds
+    assert only.greedy and len(only.branches) == 1 and first.trace.stop == "confident"
+    assert first.text.strip() and first.text == again.text
+    assert first.trace.tokens == only.branches[0].tokens > 0
+    # P(greedy right) 0.5 short of greedy_stop: a sampling round of 2 branches follows.
+    unsure = msgspec.structs.replace(greedy, greedy_stop=0.9, branches=2, max_rounds=1)
+    loop = ReasoningLoop(large_engine, unsure, doubtful(), greedy_calibrator=doubtful())
+    _, result = await run(loop, deadline=None)
+    assert [len(r.branches) for r in result.trace.rounds] == [1, 2]
+    assert result.trace.rounds[0].probability == pytest.approx(0.5)
+    assert result.trace.stop == "max_rounds"
+    assert result.trace.tokens == sum(r.tokens for r in result.trace.rounds)
 
 
 @pytest.mark.parametrize("policy", ["best", "small", "error"])

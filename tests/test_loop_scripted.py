@@ -615,3 +615,246 @@ def test_an_engine_full_after_a_round_ends_the_loop_with_its_answer() -> None:
     result = VirtualClock().run(main())
     assert result.trace.stop == "overloaded" and len(result.trace.rounds) == 1
     assert result.text == "The answer is 42." and result.trace.confidence == 0.5
+
+
+# --- greedy-first ----------------------------------------------------------------------
+
+
+def greedy_calibrator(signals: SignalSettings = SIGNALS) -> Calibrator:
+    """P(greedy right) = sigmoid(4 * mean token confidence - 4): 0.98 for a sure pass
+    (confidence 2.0), 0.23 for a doubtful one (0.7)."""
+    return Calibrator(
+        features=["mean_confidence"],
+        signals=signals,
+        mean=[0.0],
+        scale=[1.0],
+        weights=[4.0],
+        bias=-4.0,
+    )
+
+
+GREEDY = greedy_calibrator()
+P_SURE = 1 / (1 + math.exp(-4.0))  # GREEDY on a sure pass
+P_DOUBTFUL = 1 / (1 + math.exp(-(4 * 0.7 - 4)))  # and on a doubtful one
+# A greedy_stop no sigmoid reaches: sampling always follows (with a greedy calibrator;
+# without one, an answered pass has P 1).
+NEVER_STOPS = 1.0
+
+
+def greedy_then(greedy: Script, *samples: Script, concurrency: int = 16) -> ScriptedEngine:
+    """The greedy pass (asked at temperature 0) says ``greedy``; the sampled branches
+    say ``samples`` in turn."""
+
+    def choose(call: ScriptCall) -> Script:
+        if call.params.temperature == 0.0:
+            return greedy
+        return samples[(call.number - 1) % len(samples)]
+
+    return ScriptedEngine(choose, concurrency=concurrency, queue_size=0)
+
+
+def greedy_first(**overrides: object) -> LoopSettings:
+    return settings(**{"greedy_first": True, "greedy_stop": NEVER_STOPS, **overrides})
+
+
+def test_the_greedy_pass_is_one_branch_at_temperature_0_then_rounds_sample() -> None:
+    engine = greedy_then(DOUBTS_41, SAYS_42)
+    loop_settings = greedy_first(branches=3, max_rounds=1, round_tokens=16)
+    # P(greedy right)'s own signals read three alternatives; the vote's two.
+    three = greedy_calibrator(msgspec.structs.replace(SIGNALS, top_k=3))
+    thought = think(ReasoningLoop(engine, loop_settings, DOUBTFUL, greedy_calibrator=three))
+    greedy, *sampled = engine.calls
+    assert greedy.params.temperature == 0.0 and greedy.params.n == 1
+    assert greedy.params.logprobs and greedy.params.top_logprobs == 3
+    assert greedy.params.max_tokens == 16
+    assert len(sampled) == 3
+    assert all(c.params.temperature == 0.7 and c.params.top_logprobs == 2 for c in sampled)
+    trace = thought.result.trace
+    assert [len(r.branches) for r in trace.rounds] == [1, 3]
+    assert [r.greedy for r in trace.rounds] == [True, False]
+    assert answers(thought) == [["41"], ["42", "42", "42"]]
+    # max_rounds is one sampling round: the greedy pass is not counted.
+    assert trace.stop == "max_rounds" and trace.tokens == 4 * 4
+    assert "a greedy pass, then up to 1 rounds of 3 branches" in thought.notes[0]
+    assert thought.notes[1].startswith("Round 1, the greedy pass: '41'; P(greedy right) ")
+    assert thought.notes[2].startswith("Round 2: '42', '42', '42'; leading answer '42'")
+    assert thought.text("thought").startswith(
+        "Round 1, the greedy pass:\nThe answer is 41.\nRound 2, branch 1 of 3:\n"
+    )
+
+
+@pytest.mark.parametrize(("greedy_stop", "stops"), [(0.98, True), (0.99, False)])
+def test_stops_after_the_greedy_pass_when_its_p_reaches_greedy_stop(
+    greedy_stop: float, stops: bool
+) -> None:
+    engine = greedy_then(SAYS_42, SAYS_41)
+    # The vote's threshold, reached by any verdict here, is not for the greedy pass.
+    loop_settings = greedy_first(greedy_stop=greedy_stop, threshold=0.1, branches=2)
+    thought = think(ReasoningLoop(engine, loop_settings, BY_SHARE, greedy_calibrator=GREEDY))
+    result = thought.result
+    first = result.trace.rounds[0]
+    assert first.greedy and first.answer == "42"
+    assert first.probability == pytest.approx(P_SURE) and 0.98 < P_SURE < 0.99
+    assert f"P(greedy right) {P_SURE:.2f} (greedy_stop {greedy_stop:.2f})" in thought.notes[1]
+    assert result.trace.stop == "confident"
+    if stops:
+        assert len(engine.calls) == 1 and len(result.trace.rounds) == 1
+        assert result.text == "The answer is 42."
+        assert result.trace.confidence == pytest.approx(P_SURE)
+    else:
+        # One sampling round, whose vote (the greedy 42 against two 41s) the threshold stops.
+        assert len(engine.calls) == 3 and len(result.trace.rounds) == 2
+        assert result.text == "The answer is 41."
+        assert result.trace.confidence == pytest.approx(p(2 / 3))
+
+
+def test_without_a_greedy_calibrator_an_answered_pass_has_p_1() -> None:
+    engine = greedy_then(DOUBTS_41, SAYS_42)
+    result = think(ReasoningLoop(engine, greedy_first(), BY_SHARE)).result
+    assert len(engine.calls) == 1 and result.trace.stop == "confident"
+    assert result.trace.confidence == 1.0 and result.text == "The answer is 41."
+
+
+UNANSWERED = unsure("I am not sure about that one.")
+
+
+def test_greedy_stop_0_is_one_greedy_pass_even_without_an_answer() -> None:
+    engine = greedy_then(UNANSWERED, SAYS_42)
+    loop = ReasoningLoop(engine, greedy_first(greedy_stop=0.0), BY_SHARE, greedy_calibrator=GREEDY)
+    result = think(loop).result
+    assert len(engine.calls) == 1 and result.trace.stop == "confident"
+    assert result.trace.rounds[0].answer is None and result.trace.confidence == 0.0
+    assert result.text == UNANSWERED.text  # its own text: nothing better was asked for
+
+
+def test_an_unanswered_greedy_pass_goes_on_to_sample_above_greedy_stop_0() -> None:
+    engine = greedy_then(UNANSWERED, SAYS_42)
+    loop_settings = greedy_first(greedy_stop=0.01, threshold=0.75, branches=2)
+    loop = ReasoningLoop(engine, loop_settings, BY_SHARE, greedy_calibrator=GREEDY)
+    result = think(loop).result
+    assert len(engine.calls) == 3 and answers_of(result) == [[None], ["42", "42"]]
+    assert result.text == "The answer is 42." and result.trace.stop == "confident"
+    # The unanswered greedy pass votes nothing, but it is one of the branches.
+    assert result.trace.confidence == pytest.approx(p(2 / 3))
+
+
+def answers_of(result: LoopResult) -> list[list[str | None]]:
+    return [[b.answer for b in r.branches] for r in result.trace.rounds]
+
+
+@pytest.mark.parametrize(
+    ("weight", "answer", "share"),
+    [
+        (0.0, "41", 2 / 2),  # left out: the two 41s alone
+        (1.0, "41", 2 / 3),  # a sure 42 against two sure 41s
+        (4.0, "42", 1 / 3),  # weighing four branches' confidence, it outvotes them
+    ],
+)
+def test_the_greedy_answer_votes_in_later_rounds_at_greedy_weight(
+    weight: float, answer: str, share: float
+) -> None:
+    engine = greedy_then(SAYS_42, SAYS_41)
+    loop_settings = greedy_first(greedy_weight=weight, branches=2, max_rounds=1)
+    thought = think(ReasoningLoop(engine, loop_settings, BY_SHARE, greedy_calibrator=GREEDY))
+    result = thought.result
+    # Below greedy_stop, so a sampling round follows; its tally is the vote's own
+    # calibrator's, over the greedy pass and the samples.
+    assert answers(thought) == [["42"], ["41", "41"]]
+    assert result.trace.rounds[1].answer == answer
+    assert result.trace.rounds[1].probability == pytest.approx(p(share))
+    assert result.text == f"The answer is {answer}."
+
+
+def test_max_rounds_counts_sampling_rounds_only() -> None:
+    engine = greedy_then(DOUBTS_41, SAYS_42, SAYS_41)
+    loop_settings = greedy_first(branches=2, max_rounds=2)
+    loop = ReasoningLoop(engine, loop_settings, DOUBTFUL, greedy_calibrator=GREEDY)
+    trace = think(loop).result.trace
+    assert trace.stop == "max_rounds"
+    assert [len(r.branches) for r in trace.rounds] == [1, 2, 2] and len(engine.calls) == 5
+
+
+def test_min_gain_is_not_measured_against_the_greedy_pass() -> None:
+    # P(greedy right) 0.98, then the vote's p(2/3) = 0.79 and p(4/5) = 0.92: another
+    # calibrator's P is no round before, so only the third round's gain is measured.
+    engine = greedy_then(SAYS_42, SAYS_41)
+    loop_settings = greedy_first(branches=2, max_rounds=2, threshold=0.99, min_gain=0.05)
+    loop = ReasoningLoop(engine, loop_settings, BY_SHARE, greedy_calibrator=GREEDY)
+    trace = think(loop).result.trace
+    assert [r.probability for r in trace.rounds] == pytest.approx([P_SURE, p(2 / 3), p(4 / 5)])
+    assert trace.stop == "max_rounds"
+
+
+@pytest.mark.parametrize(
+    ("budget", "rounds", "stop"),
+    [
+        # After the greedy pass (4) and a round (8), another round (8) passes 19;
+        # without the greedy pass's tokens it would not (16).
+        (19, 2, "token_budget"),
+        (20, 3, "max_rounds"),
+        # The greedy pass's 4 and a round's 8 pass 11: no sampling at all.
+        (11, 1, "token_budget"),
+    ],
+)
+def test_the_token_budget_counts_the_greedy_pass(budget: int, rounds: int, stop: str) -> None:
+    engine = greedy_then(SAYS_42, SAYS_41)
+    loop_settings = greedy_first(branches=2, max_rounds=2, token_budget=budget)
+    loop = ReasoningLoop(engine, loop_settings, DOUBTFUL, greedy_calibrator=GREEDY)
+    result = think(loop).result
+    trace = result.trace
+    assert trace.stop == stop and len(trace.rounds) == rounds
+    assert trace.tokens == 4 + 8 * (rounds - 1) == sum(r.tokens for r in trace.rounds)
+    if rounds == 1:
+        assert result.text == "The answer is 42." and trace.confidence == pytest.approx(P_SURE)
+
+
+def test_the_deadline_during_sampling_answers_with_the_greedy_pass_as_best_so_far() -> None:
+    # A quick greedy pass (0.04 s) promises a round of 0.08 s; its branches take 0.4 s
+    # and the deadline cuts them at 0.3 s, before any votes. Left out of the vote
+    # (weight 0), the greedy answer is still the best so far.
+    engine = greedy_then(sure("The answer is 42.", pace=0.01), PACED_41)
+    loop_settings = greedy_first(branches=2, greedy_weight=0.0, token_budget=10_000)
+    loop = ReasoningLoop(engine, loop_settings, BY_SHARE, greedy_calibrator=GREEDY)
+    thought = think(loop, deadline_s=0.3)
+    result = thought.result
+    trace = result.trace
+    assert [b.finish_reason for b in trace.rounds[1].branches] == ["deadline", "deadline"]
+    assert trace.stop == "deadline" and trace.fallback == "best"
+    assert result.text == "The answer is 42." and trace.confidence == pytest.approx(P_SURE)
+    assert thought.seconds == pytest.approx(0.3)
+
+
+def test_a_deadline_before_the_greedy_pass_is_whole_cuts_it_like_any_round() -> None:
+    engine = greedy_then(PACED_42, PACED_41)
+    loop = ReasoningLoop(engine, greedy_first(greedy_stop=0.0), BY_SHARE, greedy_calibrator=GREEDY)
+    thought = think(loop, deadline_s=0.25)
+    trace = thought.result.trace
+    assert [(b.finish_reason, b.tokens) for b in trace.rounds[0].branches] == [("deadline", 2)]
+    # Nothing answered, not even greedy_stop 0's pass: the fallback's error.
+    assert trace.stop == "deadline" and trace.fallback == "error" and len(engine.calls) == 1
+
+
+def test_an_engine_full_after_the_greedy_pass_answers_with_it() -> None:
+    def choose(call: ScriptCall) -> Script:
+        return sure("busy " * 20, pace=1.0) if call.prompt == "another client" else SAYS_42
+
+    engine = ScriptedEngine(choose, concurrency=2, queue_size=0)
+    loop = ReasoningLoop(engine, greedy_first(branches=2), DOUBTFUL, greedy_calibrator=GREEDY)
+
+    async def main() -> LoopResult:
+        result = None
+        other = engine.stream("another client", SamplingParams(n=2))
+        async for event in loop.run(QUESTION, deadline=None):
+            if isinstance(event, Thinking) and "the greedy pass:" in event.text:
+                if event.kind == "note":  # both slots taken before the sampling round
+                    await anext(other)
+            elif isinstance(event, LoopResult):
+                result = event
+        await other.aclose()
+        assert result is not None
+        return result
+
+    result = VirtualClock().run(main())
+    assert result.trace.stop == "overloaded" and len(result.trace.rounds) == 1
+    assert result.text == "The answer is 42."
+    assert result.trace.confidence == pytest.approx(P_SURE)

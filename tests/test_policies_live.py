@@ -379,6 +379,16 @@ async def test_a_versions_calibrator_judges_in_shadow_and_decides_when_active(
     # Its router is the shipped one's, none of its own: the router is not judged.
     assert [d for d in decided if d[1] == "router"] == []
     decided.clear()
+    # A greedy_first pass's P is the greedy calibrator's, which a version does not
+    # replace: a loop that pass stopped is not its calibrator's to judge.
+    assert hard.loop is not None
+    greedy = msgspec.structs.replace(
+        hard, loop=msgspec.structs.replace(hard.loop, greedy_first=True)
+    )
+    stopped = await gateway.settled_for(await gateway.ask(_request("auto"), greedy))
+    assert stopped.decision.loop is not None and stopped.decision.loop.stop == "confident"
+    assert [r.greedy for r in stopped.decision.loop.rounds] == [True]
+    assert decided == []
     await policies.move("shadow", "p-as-shipped")
     await gateway.settled_for(await gateway.ask(_request("auto"), hard))
     assert decided == [("p-as-shipped", "calibrator", False)]

@@ -178,6 +178,34 @@ async def test_an_early_stop_is_checked_against_the_loop_run_on_to_its_budget(
     assert len(large.calls) == 2 + 4
 
 
+async def test_a_greedy_first_stop_is_checked_against_the_loop_without_it(
+    embedder: tuple[Embedder, Router], tmp_path: Path
+) -> None:
+    large = ScriptedEngine([SURE], name="large")
+    checking = await _checking(
+        embedder, tmp_path, ScriptedEngine([SURE], name="small"), large,
+        shares={"large_route": 0.0},
+    )  # fmt: skip
+    gateway = checking.gateway
+    policy = gateway.policy(
+        router_threshold=ALL_LARGE, control=CacheControl(lookup=False, store=False)
+    )
+    assert policy.loop is not None
+    policy = msgspec.structs.replace(
+        policy, loop=msgspec.structs.replace(policy.loop, greedy_first=True)
+    )
+    settled = await gateway.settled_for(await gateway.ask(_request("auto"), policy))
+    loop = settled.decision.loop
+    assert loop is not None and loop.stop == "confident"
+    assert [r.greedy for r in loop.rounds] == [True]
+    (record,) = await checking.recorded(1)
+    assert (record.shortcut, record.agree) == ("early_stop", True)
+    # The greedy pass that stopped the live loop would stop its reference at once too:
+    # the check runs the loop's rounds without it, 2 rounds of 2 branches.
+    assert len(large.calls) == 1 + 4
+    assert all(c.params.temperature > 0 for c in large.calls[1:])
+
+
 async def test_a_large_answer_is_checked_against_the_small_engine_for_the_router_to_learn(
     embedder: tuple[Embedder, Router], tmp_path: Path
 ) -> None:

@@ -188,16 +188,19 @@ class _Candidate:
 
     def stops_otherwise(self, settled: Settled) -> bool | None:
         """Whether its calibrator stops the loop at another round (or not at all where
-        the loop stopped confident)."""
+        the loop stopped confident). A greedy_first pass's P is the greedy calibrator's,
+        which a version does not replace: only the voting rounds are read, and a loop
+        the greedy pass stopped is not the version's to judge."""
         mapping, trace, policy = self.version.calibration_map, settled.decision.loop, settled.policy
-        if mapping is None or trace is None or not trace.rounds or trace.fallback != "none":
+        if mapping is None or trace is None or trace.fallback != "none":
             return None
-        if policy is None or policy.loop is None:
+        rounds = [r for r in trace.rounds if not r.greedy]
+        if not rounds or policy is None or policy.loop is None:
             return None
-        p = np.interp([r.probability for r in trace.rounds], *mapping)
+        p = np.interp([r.probability for r in rounds], *mapping)
         confident = np.flatnonzero(p >= policy.loop.threshold)
         stop = int(confident[0]) + 1 if len(confident) else None
-        return stop != (len(trace.rounds) if trace.stop == "confident" else None)
+        return stop != (len(rounds) if trace.stop == "confident" else None)
 
     def serves_otherwise(self, settled: Settled) -> bool | None:
         """Whether its verifier calibration serves a semantic hit the live one did not,

@@ -240,7 +240,9 @@ class ShadowChecks:
         timeout_ms = round(self.settings.timeout_s * 1000)
         loop = policy.loop
         if drawn.shortcut == "early_stop" and loop is not None:
-            loop = msgspec.structs.replace(loop, threshold=1.0, min_gain=None)
+            # No greedy_first pass either: greedy_stop would stop the reference where
+            # the checked loop stopped, and always agree with it.
+            loop = msgspec.structs.replace(loop, threshold=1.0, min_gain=None, greedy_first=False)
         reference_policy = msgspec.structs.replace(
             policy,
             arrived=started,

@@ -18,7 +18,13 @@ from engines.bundled import model_file
 from engines.native_check import LlamaCppUnusable, check_models
 from engines.settings import LlamaCppSettings
 from evaluator.answers import QuestionFileError
-from evaluator.calibration import CalibratorFileError, calibrator_file, read_calibrator
+from evaluator.calibration import (
+    GREEDY_FILE,
+    VOTE_FILE,
+    CalibratorFileError,
+    calibrator_file,
+    read_calibrator,
+)
 from gateway.cli import cache as cache_commands
 from gateway.cli import evaluator as evaluator_commands
 from gateway.cli import policy as policy_commands
@@ -92,8 +98,15 @@ def _engines_check(args: argparse.Namespace) -> int:
 
 def _config_check(args: argparse.Namespace) -> int:
     config: GatewayConfig = load_config(args.file)
-    if config.loop is not None and config.loop.calibrator is not None:
-        read_calibrator(calibrator_file(config.loop.calibrator))
+    if config.loop is not None:
+        loop = config.loop
+        # The files the loop would read: its vote's, and the greedy pass's when it has one.
+        for name, bundled in (
+            (loop.calibrator, VOTE_FILE),
+            (loop.greedy_calibrator_in_use(), GREEDY_FILE),
+        ):
+            if name is not None:
+                read_calibrator(calibrator_file(name, bundled))
     KeyTable(config.auth, config.server.admin_key)  # keys from the environment are set
     print(f"{args.file}: ok ({len(config.engines)} engines: {', '.join(config.engines)})")
     return 0

@@ -60,19 +60,22 @@ started with. A file that fails, or that changes what the process was built from
 `log_format`/`watch_interval_s`/`header_timeout_s`/`body_timeout_s`/`body_min_rate`/
 `keep_alive_timeout_s`/`max_header_bytes`, turning `router`, `cache` or `loop` on or off,
 `router.model_file`/`small_engine`/`large_engine`, `cache.store`, `cache.index`,
-`loop.calibrator`, `auth.rate_limit_url`, `telemetry`), is refused as a whole: the last good
-config stays, the log says why and `satisfice_config_reloads_total{{result="failure"}}`
-counts it. Thresholds, deadlines, fallbacks, tenants, keys, rate and request limits
-and the cache's and loop's tuning all change without a restart.
+`loop.calibrator`, `loop.greedy_calibrator` while `loop.greedy_first` is on (so turning
+that on or off with a greedy calibrator too), `auth.rate_limit_url`, `telemetry`), is
+refused as a whole: the last good config stays, the log says why and
+`satisfice_config_reloads_total{{result="failure"}}` counts it. Thresholds, deadlines,
+fallbacks, tenants, keys, rate and request limits and the cache's and loop's tuning all
+change without a restart.
 
 `satisfice config check FILE` validates a file without serving (it also reads the
-loop's calibrator file). A few rules span sections and are checked once the file is
+loop's calibrator files). A few rules span sections and are checked once the file is
 decoded: at least one engine is configured and none is named `auto` (that name asks
 the router to choose); `router.small_engine`, `router.large_engine` and every tier
 under `sla.deadline_ms` and `tenants.<name>.deadline_ms` name an engine under
-`engines`; `loop` needs `router`; `server.default_max_tokens` does not exceed
-`server.max_tokens_cap`; tenant names are letters, digits, `_`, `-` and `.`; an
-`auth.keys.<name>.env` variable is set when the config is loaded.
+`engines`; `loop` needs `router`; `loop.greedy_first` is not combined with `loop.probes`;
+`server.default_max_tokens` does not exceed `server.max_tokens_cap`; tenant names are
+letters, digits, `_`, `-` and `.`; an `auth.keys.<name>.env` variable is set when the
+config is loaded.
 
 How to read the tables: `<name>` in a key path stands for a name you choose (an engine,
 a tenant); a type `dict[str, T]` is a mapping of such names to `T`; `null` is YAML's
