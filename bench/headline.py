@@ -10,12 +10,16 @@ question once, one after another, by the official openai client:
   always-loop    model "auto", every question routed hard: the reasoning loop
   router         model "auto", no loop: the router picks small or one large pass
   router+loop    model "auto" as shipped: easy questions small, hard ones to the loop
+                 (since greedy-first became the default: one greedy pass of large)
+  router+sampling-loop  the same with the loop that samples from its first round
+                 (greedy_first off: the default before it)
   ...+escalation the same, and small answers below --escalate-below P go to the loop
 
 Compute is what the engines sampled (satisfice_engine_sampled_tokens_total on /metrics,
-read before and after each question, so an escalated question counts both attempts)
-and the seconds the client waited. The questions are the held-out part of a trace
-bank (bench/split_runs.py), less any the shipped router was fitted on.
+read before and after each question, so an escalated question counts both attempts),
+in all and the large engine's, and the seconds the client waited. The questions are the
+held-out part of a trace bank (bench/split_runs.py), less any the shipped router was
+fitted on.
 
     .venv/bin/python bench/headline.py --runs bench/out/bank_qwen_held.jsonl \\
         [--per-source 20] [--skip 0] [--arms always-small router+loop ...] \\
@@ -54,6 +58,8 @@ from router.settings import RouterSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = ROOT / "gateway" / "config" / "default.yaml"
+# The default config's large engine, whose tokens `auto` has to save.
+LARGE = "large"
 SAMPLED = re.compile(r'^satisfice_engine_sampled_tokens_total\{engine="([^"]+)"\} (\S+)$', re.M)
 
 Config = dict[str, Any]
@@ -71,6 +77,10 @@ def _shipped(config: Config, escalate_below: float) -> None:
     pass
 
 
+def _sampling_loop(config: Config, escalate_below: float) -> None:
+    config["loop"]["greedy_first"] = False
+
+
 def _escalating(config: Config, escalate_below: float) -> None:
     config["loop"]["escalate_below"] = escalate_below
 
@@ -82,6 +92,7 @@ ARMS: dict[str, tuple[str, Callable[[Config, float], None]]] = {
     "always-loop": ("auto", _all_hard),
     "router": ("auto", _no_loop),
     "router+loop": ("auto", _shipped),
+    "router+sampling-loop": ("auto", _sampling_loop),
     "router+loop+escalation": ("auto", _escalating),
 }
 
@@ -151,9 +162,15 @@ def _start(config_text: str, folder: Path) -> tuple[str, subprocess.Popen[bytes]
     raise TimeoutError("the gateway was not ready in 300 s")
 
 
-def _sampled(http: httpx.Client, url: str) -> float:
-    """Tokens every engine of the gateway has sampled so far."""
-    return sum(float(value) for _, value in SAMPLED.findall(http.get(f"{url}/metrics").text))
+def _sampled(http: httpx.Client, url: str) -> dict[str, float]:
+    """Tokens each engine of the gateway has sampled so far."""
+    return {
+        engine: float(value) for engine, value in SAMPLED.findall(http.get(f"{url}/metrics").text)
+    }
+
+
+def _spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {engine: value - before.get(engine, 0.0) for engine, value in after.items()}
 
 
 def run_arm(name: str, questions: list[LabelledQuestion], escalate_below: float) -> dict[str, Any]:
@@ -171,13 +188,15 @@ def run_arm(name: str, questions: list[LabelledQuestion], escalate_below: float)
                         model=model, messages=[{"role": "user", "content": question.prompt}]
                     )
                     seconds = time.perf_counter() - started
+                    spent = _spent(before, _sampled(http, url))
                     text = raw.parse().choices[0].message.content or ""
                     rows.append(
                         {
                             "prompt": question.prompt,  # what a merge of runs keys on
                             "source": question.source,
                             "correct": is_correct(question, text),
-                            "tokens": _sampled(http, url) - before,
+                            "tokens": sum(spent.values()),
+                            "large_tokens": spent.get(LARGE, 0.0),
                             "seconds": seconds,
                             "route": raw.headers.get("x-satisfice-route"),
                             "engine": raw.headers.get("x-satisfice-engine"),
@@ -200,6 +219,7 @@ def summary(name: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "questions": len(rows),
         "accuracy": statistics.mean(r["correct"] for r in rows),
         "mean_tokens": statistics.mean(r["tokens"] for r in rows),
+        "mean_large_tokens": statistics.mean(r["large_tokens"] for r in rows),
         "mean_seconds": statistics.mean(r["seconds"] for r in rows),
         "p90_seconds": sorted(r["seconds"] for r in rows)[round(0.9 * (len(rows) - 1))],
         "routes": dict(Counter(r["route"] or "as asked" for r in rows)),
@@ -218,14 +238,15 @@ def summary(name: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def render(arms: list[dict[str, Any]]) -> str:
     lines = [
-        "| arm | accuracy | sampled tokens / question | seconds / question (mean, p90) "
-        "| routes | escalated |",
+        "| arm | accuracy | sampled tokens / question (large engine's) "
+        "| seconds / question (mean, p90) | routes | escalated |",
         "|---|---|---|---|---|---|",
     ]
     for a in arms:
         routes = ", ".join(f"{k} {v}" for k, v in sorted(a["routes"].items()))
         lines.append(
-            f"| {a['arm']} | {100 * a['accuracy']:.1f}% | {a['mean_tokens']:.0f} | "
+            f"| {a['arm']} | {100 * a['accuracy']:.1f}% | {a['mean_tokens']:.0f} "
+            f"({a['mean_large_tokens']:.0f}) | "
             f"{a['mean_seconds']:.1f}, {a['p90_seconds']:.1f} | {routes} | {a['escalated']} |"
         )
     return "\n".join(lines)

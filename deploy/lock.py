@@ -87,7 +87,7 @@ def gpu_pins(base: str) -> dict[str, str]:
     lines = [line for line in base.splitlines() if line[:1].isalnum()]
     pinned = {canonicalize_name(r.name): r for r in map(Requirement, lines)}
     # The same FAISS release on both images: the gpu one swaps the package, not the API.
-    faiss_gpu = f"faiss-gpu{pinned['faiss-cpu'].specifier}"
+    faiss_gpu = f"faiss-gpu{pinned[canonicalize_name('faiss-cpu')].specifier}"
     with tempfile.TemporaryDirectory() as scratch:
         constraints = Path(scratch) / "constraints.txt"
         constraints.write_text(base, "utf-8")

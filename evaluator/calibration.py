@@ -16,12 +16,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from evaluator.answers import AnswerKind
 from evaluator.signals import DEFAULT_SETTINGS, FEATURES, Signals, SignalSettings
 
 FloatArray = npt.NDArray[np.float64]
@@ -35,10 +36,15 @@ ISOTONIC_MIN_LABELS = 200
 # The loop's "calibrator: bundled": fitted for the bundled large model by
 # `make default-calibrator`, shipped in the package.
 BUNDLED_CALIBRATOR = "bundled"
-# The package's files that "bundled" names: the vote's calibrator, and P(greedy right)'s
-# for the loop's greedy_calibrator.
+# The package's file that "bundled" names for the vote's calibrator, and those of
+# P(greedy right) by answer kind for the loop's greedy_calibrator (bench/greedy_first.py
+# fits them): the same logprobs mean a sure letter and an unsure worked answer, and one
+# calibrator over both ranked greedy answers worse than chance on each.
 VOTE_FILE = "default.calibrator"
-GREEDY_FILE = "greedy.calibrator"
+GREEDY_FILES: dict[AnswerKind, str] = {
+    "choice": "greedy_choice.calibrator",
+    "number": "greedy_number.calibrator",
+}
 
 
 def calibrator_file(name: str, bundled: str = VOTE_FILE) -> Path:
@@ -358,3 +364,20 @@ def read_calibrator(path: str | Path, *, features: Sequence[str] | None = None) 
             f"{len(model.isotonic_x)}/{len(model.isotonic_y)} isotonic points"
         )
     return model
+
+
+def for_every_kind(calibrator: Calibrator) -> dict[AnswerKind, Calibrator]:
+    """One calibrator for every answer kind."""
+    return dict.fromkeys(get_args(AnswerKind), calibrator)
+
+
+def read_greedy_calibrators(name: str) -> dict[AnswerKind, Calibrator]:
+    """P(greedy right)'s calibrators by answer kind, as the loop's greedy_calibrator
+    names them: "bundled", the package's for the kinds it has one for; a path, that
+    file for every kind."""
+    if name == BUNDLED_CALIBRATOR:
+        return {
+            kind: read_calibrator(calibrator_file(name, file))
+            for kind, file in GREEDY_FILES.items()
+        }
+    return for_every_kind(read_calibrator(calibrator_file(name)))

@@ -23,7 +23,7 @@ import copy
 import math
 import random
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Literal
 
 import msgspec
@@ -286,15 +286,16 @@ class ReasoningLoop:
         calibrator: Calibrator | None,
         *,
         small: Engine | None = None,
-        greedy_calibrator: Calibrator | None = None,
+        greedy_calibrators: Mapping[AnswerKind, Calibrator] | None = None,
     ) -> None:
         self.engine = engine
         self.settings = settings
         self.calibrator = calibrator
         self.small = small
         self._signals = signal_settings(calibrator)
-        # P(greedy right) of the greedy_first pass; None: its vote share stands in.
-        self.greedy_calibrator = greedy_calibrator
+        # P(greedy right) of the greedy_first pass by answer kind; a kind without
+        # one: its vote share stands in.
+        self.greedy_calibrators = greedy_calibrators or {}
 
     def use_calibrator(self, calibrator: Calibrator | None) -> None:
         """P(correct) from ``calibrator`` for the runs that start from now on (a policy
@@ -496,7 +497,8 @@ class ReasoningLoop:
         run.greedy = greedy
         votes, answers, _ = self._votes(run.kind, [greedy], run.max_tokens)
         if votes:  # not when the deadline cut it or DeepConf's filter stopped it
-            run.judged(tally(run.kind, votes, answers, calibrator=self.greedy_calibrator))
+            calibrator = self.greedy_calibrators.get(run.kind)
+            run.judged(tally(run.kind, votes, answers, calibrator=calibrator))
 
     def _own_answer(self, run: _Run, end: EndReason) -> LoopResult:
         """The loop's own answer, when it stopped before the deadline."""
@@ -614,8 +616,7 @@ class ReasoningLoop:
             return params
         # The large engine's own answer, with the alternatives that both the vote's
         # signals and P(greedy right)'s read.
-        calibrator = self.greedy_calibrator
-        top_k = 0 if calibrator is None else calibrator.signals.top_k
+        top_k = max((c.signals.top_k for c in self.greedy_calibrators.values()), default=0)
         return msgspec.structs.replace(
             params, temperature=0.0, top_logprobs=max(params.top_logprobs, top_k)
         )

@@ -98,10 +98,11 @@ class LoopSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # With greedy_first: the greedy pass's vote in every later round weighs this times
     # its own confidence; 0 leaves it out of the vote.
     greedy_weight: Annotated[float, msgspec.Meta(ge=0.0)] = 1.0
-    # With greedy_first: P(greedy right) from "bundled", the calibrator fitted for the
-    # bundled large model's greedy answers (evaluator/data/greedy.calibrator), or a
-    # file from `satisfice evaluator fit`; null: its one-branch vote share (1 for an
-    # answer) stands in.
+    # With greedy_first: P(greedy right) from "bundled", the calibrators fitted for the
+    # bundled large model's greedy answers by answer kind (evaluator/data/greedy_*.
+    # calibrator: choice and number; another kind's pass always stops), or one file
+    # from `satisfice evaluator fit` for every kind; null: its one-branch vote share
+    # (1 for an answer) stands in.
     greedy_calibrator: str | None = "bundled"
 
     def __post_init__(self) -> None:

@@ -61,6 +61,14 @@ class Branch(msgspec.Struct, frozen=True, kw_only=True):
     stopped: bool = False  # cut mid-generation: it does not vote
 
 
+class GreedyPass(msgspec.Struct, frozen=True, kw_only=True):
+    """The large engine's greedy answer to a question, which a greedy-first loop starts
+    from, and its calibrated P(greedy right)."""
+
+    branch: Branch
+    probability: float
+
+
 class Question:
     """A run with everything the policies read computed once: extracted answers, trace
     confidences, token costs, the branches cut at each cut-off, and memoised tallies."""
@@ -84,6 +92,16 @@ class Question:
         self._grades: dict[str | None, bool] = {}
         self._tallies: dict[tuple[int, float | None], Verdict | None] = {}
         self._probabilities: dict[tuple[int, str | None], float] = {}
+        self.greedy: GreedyPass | None = None
+        self._with_greedy: dict[tuple[int, float], Verdict] = {}
+
+    def start_from(self, greedy: RunSample, probability: float) -> None:
+        """Give the question the greedy pass a greedy-first loop starts from, with its
+        P(greedy right) from a greedy calibrator."""
+        branch = _branch(self.run, greedy, self.settings)
+        self.greedy = GreedyPass(branch=branch, probability=probability)
+        self._texts.setdefault(branch.answer, greedy.text)
+        self._with_greedy.clear()
 
     def _pruned(self, branch: Branch, cutoff: float) -> Branch:
         end = stop_point(branch.sample, cutoff, self.settings)
@@ -127,6 +145,30 @@ class Question:
         verdict = self.verdict(n)
         assert verdict is not None
         return verdict
+
+    def greedy_verdict(self, n: int, weight: float) -> Verdict:
+        """The tally of the greedy pass and the first ``n`` whole branches, the greedy
+        branch's vote weighing ``weight`` times its own confidence (0: left out), as
+        evaluator.loop's greedy-first rounds tally."""
+        if weight == 0.0:
+            return self.whole_verdict(n)
+        key = (n, weight)
+        if key not in self._with_greedy:
+            assert self.greedy is not None, "start_from gives the greedy pass first"
+            greedy = self.greedy.branch
+            own = greedy.trace
+            if own.lowest_group is not None:
+                own = msgspec.structs.replace(own, lowest_group=weight * own.lowest_group)
+            verdict = tally(
+                self.run.kind,
+                [greedy.sample, *(b.sample for b in self.whole[:n])],
+                [greedy.answer, *self.answers[:n]],
+                traces=[own, *(b.trace for b in self.whole[:n])],
+                settings=self.settings,
+            )
+            p = self._calibrated(verdict.signals)
+            self._with_greedy[key] = msgspec.structs.replace(verdict, probability=p)
+        return self._with_greedy[key]
 
     def probability(self, n: int, answer: str | None) -> float:
         """Calibrated P(correct) of ``answer`` given the first ``n`` whole samples, for
@@ -306,6 +348,50 @@ def loop_rule(
             if reason is not None or settled:
                 final = verdict if verdict is not None and verdict.answer is not None else best
                 return by_verdict(q, n, final, cutoff)
+        raise AssertionError("stop_reason stops at max_rounds")
+
+    return policy
+
+
+def greedy_first_rule(settings: LoopSettings, rounds: int) -> Policy:
+    """evaluator.loop's greedy-first mode, as it takes its decisions: the greedy pass
+    (``Question.start_from``) is the answer when P(greedy right) reaches
+    ``greedy_stop``; otherwise up to ``rounds`` rounds of the question's branches, each
+    tallied with the greedy branch at ``greedy_weight`` and stopped by
+    policy.stop_reason, the greedy pass's tokens counted in the budget."""
+    if settings.prune_below is not None:
+        raise ValueError("greedy-first replay does not prune (prune_below must be null)")
+
+    def policy(q: Question) -> PolicyOutcome:
+        greedy = q.greedy
+        assert greedy is not None, "start_from gives the greedy pass first"
+        first = greedy.branch
+        if greedy.probability >= settings.greedy_stop:
+            return PolicyOutcome(
+                first.answer, q.correct(first.answer), first.tokens, 1, greedy.probability
+            )
+        best: Verdict | None = None
+        last: Verdict | None = None
+        for r in range(1, rounds + 1):
+            n = r * settings.branches
+            spent = first.tokens + sum(q.tokens[:n])
+            verdict = q.greedy_verdict(n, settings.greedy_weight)
+            if best is None or verdict.probability >= best.probability:
+                best = verdict
+            reason = stop_reason(
+                verdict,
+                rounds=r,
+                tokens=spent,
+                next_round_tokens=settings.branches * spent / (n + 1),
+                settings=settings,
+                previous=last,
+            )
+            last = verdict
+            if reason is not None:
+                final = verdict if verdict.answer is not None else best
+                return PolicyOutcome(
+                    final.answer, q.correct(final.answer), spent, n + 1, final.probability
+                )
         raise AssertionError("stop_reason stops at max_rounds")
 
     return policy

@@ -13,7 +13,7 @@ from cache.settings import RedisStoreSettings
 from engines import Engine, create_engine
 from engines.failover import FailoverEngine
 from engines.native_check import LlamaCppUnusable
-from evaluator.calibration import GREEDY_FILE, calibrator_file, read_calibrator
+from evaluator.calibration import calibrator_file, read_calibrator, read_greedy_calibrators
 from evaluator.loop import ReasoningLoop
 from gateway.checks.estimates import LiveEstimates
 from gateway.checks.policies import Policies
@@ -75,13 +75,13 @@ class Runtime:
             calibrator = None if name is None else read_calibrator(calibrator_file(name))
             # P(greedy right) for the greedy_first pass, read only when it is on.
             name = config.loop.greedy_calibrator_in_use()
-            greedy = None if name is None else read_calibrator(calibrator_file(name, GREEDY_FILE))
+            greedy = None if name is None else read_greedy_calibrators(name)
             self.loop = ReasoningLoop(
                 self.engines[config.router.large_engine],
                 config.loop,
                 calibrator,
                 small=self.engines[config.router.small_engine],
-                greedy_calibrator=greedy,
+                greedy_calibrators=greedy,
             )
         self.pipeline = Pipeline(
             engines=self.engines,

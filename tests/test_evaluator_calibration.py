@@ -23,6 +23,7 @@ from evaluator.calibration import (
     fit,
     measure,
     read_calibrator,
+    read_greedy_calibrators,
     roc_auc,
     write_calibrator,
 )
@@ -393,3 +394,20 @@ def test_the_noise_floor_is_nil_where_p_is_certain_and_not_where_it_is_a_coin() 
     # Sharing a draw is what keeps it there: 400 questions of one entry each sit lower.
     alone = float(np.median(calibrated_eces(coin, list(range(400)), seed=0)))
     assert alone < floor / 2
+
+
+def test_the_bundled_greedy_calibrators_are_by_kind_and_a_file_serves_every_kind(
+    tmp_path: Path,
+) -> None:
+    bundled = read_greedy_calibrators("bundled")
+    assert set(bundled) == {"choice", "number"}
+    for kind, model in bundled.items():
+        assert model.features == ["mean_logprob", "mean_confidence"]
+        assert f"{kind} answers" in model.trained_on and model.labels >= 50
+    path = tmp_path / "mine.calibrator"
+    write_calibrator(bundled["choice"], path)
+    mine = read_greedy_calibrators(str(path))
+    assert set(mine) == {"choice", "number", "yesno", "text"}
+    assert all(model == bundled["choice"] for model in mine.values())
+    with pytest.raises(CalibratorFileError, match="missing.calibrator"):
+        read_greedy_calibrators(str(tmp_path / "missing.calibrator"))

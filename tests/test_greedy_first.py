@@ -1,6 +1,7 @@
 """bench/greedy_first.py on a slice of the banks: every arm is computed from the banked
-answers, greedy-first's two ends are large greedy and the shipped loop, and the settings
-are chosen on the fitting half."""
+answers, greedy-first's two ends are large greedy and the shipped loop after a greedy
+pass, `auto` takes each question's route, and the settings are chosen on the fitting
+half."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from msgspec.structs import replace
 
 from evaluator.answers import extract, is_correct
 from evaluator.calibration import calibrator_file, read_calibrator
@@ -27,8 +29,8 @@ pytestmark = pytest.mark.skipif(
     reason="no ARC-Challenge greedy bank under bench/banks",
 )
 N = 40
-# (items, the shipped loop settings, its calibrator); the bench module is untyped here.
-Slice = tuple[Any, Any, Any]
+# (items, the shipped loop settings); the bench module is untyped here.
+Slice = tuple[Any, Any]
 ORDERS = 2
 
 
@@ -43,11 +45,13 @@ def slice_() -> Slice:
     large = greedy_first.read_greedy_runs(BANKS / "greedy_large" / "arc_challenge.jsonl.xz")
     items = greedy_first.items_of(runs, positions, small, large, calibrator, ORDERS)
     assert len(items) == N
-    return items, config.loop, calibrator
+    for item in items:
+        item.start_from_greedy(0.5)
+    return items, replace(config.loop, greedy_first=False)
 
 
 def test_the_greedy_and_majority_arms_are_the_banked_answers(slice_: Slice) -> None:
-    items, _, _ = slice_
+    items, _ = slice_
     large = greedy_first.read_greedy_runs(BANKS / "greedy_large" / "arc_challenge.jsonl.xz")
     right = [is_correct(i.run.question, large[i.run.id].samples[0].text) for i in items]
     arm = greedy_first.arm("large greedy", greedy_first.greedy_arm(items, "large"))
@@ -55,6 +59,9 @@ def test_the_greedy_and_majority_arms_are_the_banked_answers(slice_: Slice) -> N
     assert arm.low < arm.accuracy < arm.high
     tokens = [large[i.run.id].samples[0].completion_tokens for i in items]
     assert arm.mean_tokens == pytest.approx(np.mean(tokens))
+    assert arm.mean_large_tokens == arm.mean_tokens
+    small = greedy_first.arm("small greedy", greedy_first.greedy_arm(items, "small"))
+    assert small.mean_large_tokens == 0
     # Majority of all 8, in each branch order (a tie goes to the answer seen first).
     eight = greedy_first.arm("k=8", greedy_first.majority_arm(items, 8))
     by_hand = []
@@ -70,50 +77,81 @@ def test_the_greedy_and_majority_arms_are_the_banked_answers(slice_: Slice) -> N
 def test_the_loop_arm_is_replay_loop_and_greedy_first_spans_greedy_to_the_loop(
     slice_: Slice,
 ) -> None:
-    items, settings, calibrator = slice_
+    items, settings = slice_
+    calibrator = items[0].orders[0].calibrator
     theirs = replay_loop([i.run for i in items], settings, calibrator, ORDERS)
     ours = greedy_first.loop_arm(items, settings)
     for q, o in enumerate(ours):
         mine = [outcome for _, outcome in theirs[q * ORDERS : (q + 1) * ORDERS]]
         assert o.correct == pytest.approx(np.mean([m.correct for m in mine]))
         assert o.tokens == pytest.approx(np.mean([m.tokens for m in mine]))
-    p = [0.5] * N
     rounds = settings.max_rounds
-    never = greedy_first.sampled_part(items, 0.0, rounds, settings, calibrator)
-    # t = 0: every question stops at the greedy pass.
-    at_once = greedy_first.greedy_first_arm(items, p, 0.0, never)
+    # Stop 0: every question stops at the greedy pass (P = 0.5 here).
+    at_once = greedy_first.greedy_first_arm(items, greedy_first.greedy_first(settings, 0, 0, 4))
     assert at_once == greedy_first.greedy_arm(items, "large")
-    # Never stopping at greedy with it out of the vote: the shipped loop, after a greedy pass.
-    always = greedy_first.greedy_first_arm(items, p, greedy_first.NEVER, never)
+    # Never stopping at greedy with it out of the vote: the shipped loop, after a greedy
+    # pass whose tokens count in the budget.
+    never = greedy_first.NEVER
+    always = greedy_first.greedy_first_arm(
+        items, greedy_first.greedy_first(settings, never, 0.0, rounds)
+    )
     for a, o, i in zip(always, ours, items, strict=True):
         assert a.correct == pytest.approx(o.correct)
         assert a.tokens == pytest.approx(o.tokens + i.large.tokens)
     # A heavy greedy vote sides with the greedy answer more often than without it.
-    heavy = greedy_first.sampled_part(items, 100.0, rounds, settings, calibrator)
-    with_it = greedy_first.arm("", greedy_first.greedy_first_arm(items, p, 1.0, heavy))
-    greedy = greedy_first.arm("", greedy_first.greedy_arm(items, "large"))
-    assert abs(with_it.accuracy - greedy.accuracy) <= abs(
-        greedy_first.arm("", always).accuracy - greedy.accuracy
+    heavy = greedy_first.greedy_first_arm(
+        items, greedy_first.greedy_first(settings, never, 100.0, rounds)
     )
+    greedy = greedy_first.arm("", greedy_first.greedy_arm(items, "large"))
+
+    def distance(outcomes: Any) -> float:
+        return float(abs(greedy_first.arm("", outcomes).accuracy - greedy.accuracy))
+
+    assert distance(heavy) <= distance(always)
+
+
+def test_auto_takes_each_question_s_route(slice_: Slice) -> None:
+    items, _ = slice_
+    for i, item in enumerate(items):
+        item.score = i / N
+    large = greedy_first.greedy_arm(items, "large")
+    small = greedy_first.greedy_arm(items, "small")
+    routed = greedy_first.auto_arm(items, 0.5, large)
+    assert routed == small[: N // 2] + large[N // 2 :]
+    assert greedy_first.auto_arm(items, 0.0, large) == large
+    # The rule's threshold keeps always-large's accuracy at the fewest large routes.
+    reference = greedy_first.arm("", large).accuracy
+    threshold = greedy_first.router_threshold(items, large, reference)
+    assert greedy_first.arm("", greedy_first.auto_arm(items, threshold, large)).accuracy >= (
+        reference
+    )
+    higher = [s for s in {i.score for i in items} if s > threshold]
+    for s in higher:
+        assert greedy_first.arm("", greedy_first.auto_arm(items, s, large)).accuracy < reference
 
 
 def test_settings_are_chosen_on_the_fitting_half_and_every_arm_is_read_held_out(
     slice_: Slice,
 ) -> None:
-    items, settings, calibrator = slice_
+    items, settings = slice_
+    for i, item in enumerate(items):
+        item.score = (i * 7 % N) / N
     fitting, held = items[:20], items[20:]
-    report = greedy_first.measure(fitting, held, settings, calibrator, folds=2)
-    assert report["fitting_questions"] == 20 and report["held_out_questions"] == 20
-    assert all(a["n"] == 20 for a in report["arms"])
-    names = [a["name"] for a in report["arms"]]
+    report, calibrators = greedy_first.measure(fitting, held, settings, 0.3, folds=2)
+    assert set(calibrators) == {"choice"}
+    assert report["fitting_questions"] == 20 and report["held_out"]["all"]["questions"] == 20
+    arms = report["held_out"]["all"]["arms"]
+    assert all(a["n"] == 20 for a in arms)
+    names = [a["name"] for a in arms]
     assert names[:2] == ["small greedy", "large greedy"]
     assert sum(n.startswith("majority of") for n in names) == 8
+    assert sum(n.startswith("auto") for n in names) == 3
     # The project's rule with greedy as the reference cannot pick anything dearer than
-    # greedy itself: t = 0 is greedy's accuracy at greedy's tokens.
+    # greedy itself: stop 0 is greedy's accuracy at greedy's tokens.
     ref = report["fitting_reference"]
     rule = report["rule_choice"]
     assert rule["mean_tokens"] == pytest.approx(ref["mean_tokens"])
-    chosen = report["chosen"]
+    chosen = report["target_choice"]
     assert chosen["mean_tokens"] <= greedy_first.TARGET_TOKENS * ref["mean_tokens"]
     sweep = report["fitting_sweep"]
     assert max(p["accuracy"] for p in sweep) == report["most_accurate_on_fitting"]["accuracy"]

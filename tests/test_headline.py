@@ -53,14 +53,14 @@ def test_questions_the_router_was_fitted_on_are_left_out(tmp_path: Path) -> None
 def test_runs_on_other_questions_merge_arm_by_arm() -> None:
     def row(prompt: str, correct: bool, tokens: float) -> dict[str, object]:
         return {"prompt": prompt, "source": "s", "correct": correct, "tokens": tokens,
-                "seconds": 1.0, "route": "loop", "escalated": False,
-                "fallback": "none"}  # fmt: skip
+                "large_tokens": tokens / 2, "seconds": 1.0, "route": "loop",
+                "escalated": False, "fallback": "none"}  # fmt: skip
 
     first = [headline.summary("router+loop", [row("q1", True, 10.0)])]
     second = [headline.summary("router+loop", [row("q2", False, 30.0), row("q3", False, 20.0)])]
     (arm,) = headline.merged([first, second])
     assert (arm["arm"], arm["questions"], arm["mean_tokens"]) == ("router+loop", 3, 20.0)
-    assert arm["accuracy"] == 1 / 3
+    assert arm["accuracy"] == 1 / 3 and arm["mean_large_tokens"] == 10.0
     # The same run twice (or two runs with one --skip) would count its questions twice.
     with pytest.raises(ValueError, match="1 questions are in more than one run"):
         headline.merged([first, first])

@@ -12,7 +12,7 @@ import pytest
 
 from engines.base import Message
 from engines.llama_cpp import LlamaCppEngine
-from evaluator.calibration import Calibrator, calibrator_file, read_calibrator
+from evaluator.calibration import Calibrator, calibrator_file, for_every_kind, read_calibrator
 from evaluator.loop import Fallback, FallbackSettings, LoopResult, ReasoningLoop
 from evaluator.policy import LoopSettings
 from evaluator.shown import Thinking
@@ -83,7 +83,7 @@ async def test_greedy_first_is_one_pass_at_temperature_0_then_samples(
 ) -> None:
     greedy = LoopSettings(greedy_first=True, round_tokens=8, calibrator=None)
     # greedy_stop 0: the greedy pass alone, the same answer every time.
-    loop = ReasoningLoop(large_engine, greedy, None, greedy_calibrator=doubtful())
+    loop = ReasoningLoop(large_engine, greedy, None, greedy_calibrators=for_every_kind(doubtful()))
     _, first = await run(loop, deadline=None)
     _, again = await run(loop, deadline=None)
     (only,) = first.trace.rounds
@@ -92,7 +92,9 @@ async def test_greedy_first_is_one_pass_at_temperature_0_then_samples(
     assert first.trace.tokens == only.branches[0].tokens > 0
     # P(greedy right) 0.5 short of greedy_stop: a sampling round of 2 branches follows.
     unsure = msgspec.structs.replace(greedy, greedy_stop=0.9, branches=2, max_rounds=1)
-    loop = ReasoningLoop(large_engine, unsure, doubtful(), greedy_calibrator=doubtful())
+    loop = ReasoningLoop(
+        large_engine, unsure, doubtful(), greedy_calibrators=for_every_kind(doubtful())
+    )
     _, result = await run(loop, deadline=None)
     assert [len(r.branches) for r in result.trace.rounds] == [1, 2]
     assert result.trace.rounds[0].probability == pytest.approx(0.5)

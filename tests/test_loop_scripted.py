@@ -20,7 +20,7 @@ import pytest
 
 from engines.base import EngineOverloaded, Message, SamplingParams
 from engines.scripted import Script, ScriptCall, ScriptedEngine, script
-from evaluator.calibration import Calibrator
+from evaluator.calibration import Calibrator, for_every_kind
 from evaluator.loop import DEFAULT_FALLBACK, FallbackSettings, LoopResult, ReasoningLoop
 from evaluator.policy import LoopSettings
 from evaluator.shown import FIRST_ANSWER_LABEL, Thinking, ThoughtKind
@@ -662,7 +662,9 @@ def test_the_greedy_pass_is_one_branch_at_temperature_0_then_rounds_sample() -> 
     loop_settings = greedy_first(branches=3, max_rounds=1, round_tokens=16)
     # P(greedy right)'s own signals read three alternatives; the vote's two.
     three = greedy_calibrator(msgspec.structs.replace(SIGNALS, top_k=3))
-    thought = think(ReasoningLoop(engine, loop_settings, DOUBTFUL, greedy_calibrator=three))
+    thought = think(
+        ReasoningLoop(engine, loop_settings, DOUBTFUL, greedy_calibrators=for_every_kind(three))
+    )
     greedy, *sampled = engine.calls
     assert greedy.params.temperature == 0.0 and greedy.params.n == 1
     assert greedy.params.logprobs and greedy.params.top_logprobs == 3
@@ -690,7 +692,9 @@ def test_stops_after_the_greedy_pass_when_its_p_reaches_greedy_stop(
     engine = greedy_then(SAYS_42, SAYS_41)
     # The vote's threshold, reached by any verdict here, is not for the greedy pass.
     loop_settings = greedy_first(greedy_stop=greedy_stop, threshold=0.1, branches=2)
-    thought = think(ReasoningLoop(engine, loop_settings, BY_SHARE, greedy_calibrator=GREEDY))
+    thought = think(
+        ReasoningLoop(engine, loop_settings, BY_SHARE, greedy_calibrators=for_every_kind(GREEDY))
+    )
     result = thought.result
     first = result.trace.rounds[0]
     assert first.greedy and first.answer == "42"
@@ -720,7 +724,9 @@ UNANSWERED = unsure("I am not sure about that one.")
 
 def test_greedy_stop_0_is_one_greedy_pass_even_without_an_answer() -> None:
     engine = greedy_then(UNANSWERED, SAYS_42)
-    loop = ReasoningLoop(engine, greedy_first(greedy_stop=0.0), BY_SHARE, greedy_calibrator=GREEDY)
+    loop = ReasoningLoop(
+        engine, greedy_first(greedy_stop=0.0), BY_SHARE, greedy_calibrators=for_every_kind(GREEDY)
+    )
     result = think(loop).result
     assert len(engine.calls) == 1 and result.trace.stop == "confident"
     assert result.trace.rounds[0].answer is None and result.trace.confidence == 0.0
@@ -730,7 +736,7 @@ def test_greedy_stop_0_is_one_greedy_pass_even_without_an_answer() -> None:
 def test_an_unanswered_greedy_pass_goes_on_to_sample_above_greedy_stop_0() -> None:
     engine = greedy_then(UNANSWERED, SAYS_42)
     loop_settings = greedy_first(greedy_stop=0.01, threshold=0.75, branches=2)
-    loop = ReasoningLoop(engine, loop_settings, BY_SHARE, greedy_calibrator=GREEDY)
+    loop = ReasoningLoop(engine, loop_settings, BY_SHARE, greedy_calibrators=for_every_kind(GREEDY))
     result = think(loop).result
     assert len(engine.calls) == 3 and answers_of(result) == [[None], ["42", "42"]]
     assert result.text == "The answer is 42." and result.trace.stop == "confident"
@@ -755,7 +761,9 @@ def test_the_greedy_answer_votes_in_later_rounds_at_greedy_weight(
 ) -> None:
     engine = greedy_then(SAYS_42, SAYS_41)
     loop_settings = greedy_first(greedy_weight=weight, branches=2, max_rounds=1)
-    thought = think(ReasoningLoop(engine, loop_settings, BY_SHARE, greedy_calibrator=GREEDY))
+    thought = think(
+        ReasoningLoop(engine, loop_settings, BY_SHARE, greedy_calibrators=for_every_kind(GREEDY))
+    )
     result = thought.result
     # Below greedy_stop, so a sampling round follows; its tally is the vote's own
     # calibrator's, over the greedy pass and the samples.
@@ -768,7 +776,7 @@ def test_the_greedy_answer_votes_in_later_rounds_at_greedy_weight(
 def test_max_rounds_counts_sampling_rounds_only() -> None:
     engine = greedy_then(DOUBTS_41, SAYS_42, SAYS_41)
     loop_settings = greedy_first(branches=2, max_rounds=2)
-    loop = ReasoningLoop(engine, loop_settings, DOUBTFUL, greedy_calibrator=GREEDY)
+    loop = ReasoningLoop(engine, loop_settings, DOUBTFUL, greedy_calibrators=for_every_kind(GREEDY))
     trace = think(loop).result.trace
     assert trace.stop == "max_rounds"
     assert [len(r.branches) for r in trace.rounds] == [1, 2, 2] and len(engine.calls) == 5
@@ -779,7 +787,7 @@ def test_min_gain_is_not_measured_against_the_greedy_pass() -> None:
     # calibrator's P is no round before, so only the third round's gain is measured.
     engine = greedy_then(SAYS_42, SAYS_41)
     loop_settings = greedy_first(branches=2, max_rounds=2, threshold=0.99, min_gain=0.05)
-    loop = ReasoningLoop(engine, loop_settings, BY_SHARE, greedy_calibrator=GREEDY)
+    loop = ReasoningLoop(engine, loop_settings, BY_SHARE, greedy_calibrators=for_every_kind(GREEDY))
     trace = think(loop).result.trace
     assert [r.probability for r in trace.rounds] == pytest.approx([P_SURE, p(2 / 3), p(4 / 5)])
     assert trace.stop == "max_rounds"
@@ -799,7 +807,7 @@ def test_min_gain_is_not_measured_against_the_greedy_pass() -> None:
 def test_the_token_budget_counts_the_greedy_pass(budget: int, rounds: int, stop: str) -> None:
     engine = greedy_then(SAYS_42, SAYS_41)
     loop_settings = greedy_first(branches=2, max_rounds=2, token_budget=budget)
-    loop = ReasoningLoop(engine, loop_settings, DOUBTFUL, greedy_calibrator=GREEDY)
+    loop = ReasoningLoop(engine, loop_settings, DOUBTFUL, greedy_calibrators=for_every_kind(GREEDY))
     result = think(loop).result
     trace = result.trace
     assert trace.stop == stop and len(trace.rounds) == rounds
@@ -814,7 +822,7 @@ def test_the_deadline_during_sampling_answers_with_the_greedy_pass_as_best_so_fa
     # (weight 0), the greedy answer is still the best so far.
     engine = greedy_then(sure("The answer is 42.", pace=0.01), PACED_41)
     loop_settings = greedy_first(branches=2, greedy_weight=0.0, token_budget=10_000)
-    loop = ReasoningLoop(engine, loop_settings, BY_SHARE, greedy_calibrator=GREEDY)
+    loop = ReasoningLoop(engine, loop_settings, BY_SHARE, greedy_calibrators=for_every_kind(GREEDY))
     thought = think(loop, deadline_s=0.3)
     result = thought.result
     trace = result.trace
@@ -826,7 +834,9 @@ def test_the_deadline_during_sampling_answers_with_the_greedy_pass_as_best_so_fa
 
 def test_a_deadline_before_the_greedy_pass_is_whole_cuts_it_like_any_round() -> None:
     engine = greedy_then(PACED_42, PACED_41)
-    loop = ReasoningLoop(engine, greedy_first(greedy_stop=0.0), BY_SHARE, greedy_calibrator=GREEDY)
+    loop = ReasoningLoop(
+        engine, greedy_first(greedy_stop=0.0), BY_SHARE, greedy_calibrators=for_every_kind(GREEDY)
+    )
     thought = think(loop, deadline_s=0.25)
     trace = thought.result.trace
     assert [(b.finish_reason, b.tokens) for b in trace.rounds[0].branches] == [("deadline", 2)]
@@ -839,7 +849,9 @@ def test_an_engine_full_after_the_greedy_pass_answers_with_it() -> None:
         return sure("busy " * 20, pace=1.0) if call.prompt == "another client" else SAYS_42
 
     engine = ScriptedEngine(choose, concurrency=2, queue_size=0)
-    loop = ReasoningLoop(engine, greedy_first(branches=2), DOUBTFUL, greedy_calibrator=GREEDY)
+    loop = ReasoningLoop(
+        engine, greedy_first(branches=2), DOUBTFUL, greedy_calibrators=for_every_kind(GREEDY)
+    )
 
     async def main() -> LoopResult:
         result = None

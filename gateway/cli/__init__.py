@@ -19,11 +19,10 @@ from engines.native_check import LlamaCppUnusable, check_models
 from engines.settings import LlamaCppSettings
 from evaluator.answers import QuestionFileError
 from evaluator.calibration import (
-    GREEDY_FILE,
-    VOTE_FILE,
     CalibratorFileError,
     calibrator_file,
     read_calibrator,
+    read_greedy_calibrators,
 )
 from gateway.cli import cache as cache_commands
 from gateway.cli import evaluator as evaluator_commands
@@ -101,12 +100,11 @@ def _config_check(args: argparse.Namespace) -> int:
     if config.loop is not None:
         loop = config.loop
         # The files the loop would read: its vote's, and the greedy pass's when it has one.
-        for name, bundled in (
-            (loop.calibrator, VOTE_FILE),
-            (loop.greedy_calibrator_in_use(), GREEDY_FILE),
-        ):
-            if name is not None:
-                read_calibrator(calibrator_file(name, bundled))
+        if loop.calibrator is not None:
+            read_calibrator(calibrator_file(loop.calibrator))
+        greedy = loop.greedy_calibrator_in_use()
+        if greedy is not None:
+            read_greedy_calibrators(greedy)
     KeyTable(config.auth, config.server.admin_key)  # keys from the environment are set
     print(f"{args.file}: ok ({len(config.engines)} engines: {', '.join(config.engines)})")
     return 0
