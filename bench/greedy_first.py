@@ -777,7 +777,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("error: the embedded default has no loop with a calibrator")
     calibrator = read_calibrator(calibrator_file(config.loop.calibrator))
     # The sampling loop's own settings, whatever greedy-first mode the config is in.
-    loop = replace(config.loop, greedy_first=False)
+    loop = config.loop.sampling()
     fitting, held = load(args.banks, args.sources, args.orders, calibrator)
     fitting, held, threshold = routed(fitting, held)
     report, greedy_model = measure(fitting, held, loop, threshold, folds=args.folds)

@@ -121,7 +121,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = load_config()
     if config.loop is None:
         parser.error("the default config has no loop")
-    settings = config.loop
+    # The sampling rounds: what the bank of samples replays (the default starts
+    # with a greedy pass, bench/greedy_first.py).
+    settings = config.loop.sampling()
     calibrator = read_calibrator(calibrator_file(settings.calibrator or "bundled"))
     try:
         outcomes = replay_loop(runs, settings, calibrator, args.orders)

@@ -527,8 +527,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     base_router = read_router(router_file(RouterSettings()))
     base_calibrator = read_calibrator(calibrator_file("bundled"))
-    settings = load_config().loop
-    assert settings is not None, "the default config has a loop"
+    loop = load_config().loop
+    assert loop is not None, "the default config has a loop"
+    settings = loop.sampling()  # what the stream replays (bench/shadow_stream.py)
     runs = {r.id: r for source in shadow_stream.SOURCES for r in shadow_stream.bank_runs(source)}
     started = time.perf_counter()
     routers, calibrators = [], []

@@ -352,7 +352,10 @@ def build(data: Path = DATA, *, with_pairs: bool = True) -> tuple[Stream, Vector
     vectors = embedder.encode([r.prompt for r in runs]).astype(np.float32)
     scores = np.asarray(scorer_for(model).score(vectors, [r.prompt for r in runs]), np.float64)
     print(f"  {len(runs)} held-out questions with a greedy answer", file=sys.stderr)
-    questions = question_items(runs, greedy, scores, model.threshold, config.loop, calibrator)
+    # The sampling loop's shortcuts (early stops): the stream was built before the
+    # default's large path became one greedy pass, and measures the checks on those.
+    loop = config.loop.sampling()
+    questions = question_items(runs, greedy, scores, model.threshold, loop, calibrator)
     assert config.cache is not None, "the default config has a cache"
     bound = config.cache.max_false_hit_rate
     point = OperatingPoints(read_calibration()).threshold(bound)

@@ -109,6 +109,11 @@ class LoopSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         if self.greedy_first and self.probes:
             raise ValueError("greedy_first and probes cannot be combined")
 
+    def sampling(self) -> LoopSettings:
+        """These settings without the greedy pass: the sampling rounds alone, which a
+        trace bank of samples replays (evaluator.replay.loop_rule)."""
+        return msgspec.structs.replace(self, greedy_first=False)
+
     def greedy_calibrator_in_use(self) -> str | None:
         """The greedy calibrator the loop reads: none without greedy_first."""
         return self.greedy_calibrator if self.greedy_first else None

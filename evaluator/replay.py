@@ -320,6 +320,11 @@ def loop_rule(
     One stop that policy.stop_reason does not have, a proposal measured here: with
     ``stable``, stop once the vote is settled, when Adaptive-Consistency's P(the leading
     answer stays ahead) reaches it, however unlikely that answer is to be right."""
+    if settings.greedy_first:
+        raise ValueError(
+            "greedy_first starts from a greedy pass that a bank of samples does not hold: "
+            "replay the sampling rounds (LoopSettings.sampling) or greedy_first_rule"
+        )
 
     def policy(q: Question) -> PolicyOutcome:
         cutoff = settings.prune_below

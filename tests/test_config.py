@@ -82,13 +82,14 @@ def test_bad_config_names_path_value_and_expectation(text: str, expected: str) -
     assert expected in str(caught.value)
 
 
-def test_embedded_default_has_the_greedy_first_keys_off() -> None:
+def test_embedded_default_answers_hard_questions_with_one_greedy_pass() -> None:
     loop = load_config().loop
     assert loop is not None
-    assert (loop.greedy_first, loop.greedy_stop, loop.greedy_weight) == (False, 0.0, 1.0)
-    assert loop.greedy_calibrator == "bundled"
-    # Off, the greedy pass's calibrator is not read (nor needed).
-    assert loop.greedy_calibrator_in_use() is None
+    # The rule's choice (bench/greedy_first.py): the greedy pass, which always stops.
+    assert (loop.greedy_first, loop.greedy_stop, loop.greedy_weight) == (True, 0.0, 1.0)
+    assert loop.greedy_calibrator_in_use() == "bundled"
+    # Without greedy_first, the greedy pass's calibrator is not read (nor needed).
+    assert loop.sampling().greedy_calibrator_in_use() is None
 
 
 def _check(path: Path) -> subprocess.CompletedProcess[str]:

@@ -409,5 +409,5 @@ def test_the_bundled_greedy_calibrators_are_by_kind_and_a_file_serves_every_kind
     mine = read_greedy_calibrators(str(path))
     assert set(mine) == {"choice", "number", "yesno", "text"}
     assert all(model == bundled["choice"] for model in mine.values())
-    with pytest.raises(CalibratorFileError, match="missing.calibrator"):
+    with pytest.raises(CalibratorFileError, match=r"missing\.calibrator"):
         read_greedy_calibrators(str(tmp_path / "missing.calibrator"))

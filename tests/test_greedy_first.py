@@ -157,3 +157,12 @@ def test_settings_are_chosen_on_the_fitting_half_and_every_arm_is_read_held_out(
     assert max(p["accuracy"] for p in sweep) == report["most_accurate_on_fitting"]["accuracy"]
     text = greedy_first.render(report)
     assert "| large greedy |" in text
+
+
+def test_the_sampling_replay_refuses_greedy_first_settings(slice_: Slice) -> None:
+    items, settings = slice_
+    calibrator = items[0].orders[0].calibrator
+    greedy = replace(settings, greedy_first=True)
+    with pytest.raises(ValueError, match="greedy_first_rule"):
+        replay_loop([i.run for i in items], greedy, calibrator, ORDERS)
+    assert greedy.sampling() == settings

@@ -126,12 +126,13 @@ def test_the_loop_replayed_with_its_stop_reason_is_evaluator_replay_s_loop() -> 
     runs = shadow_stream.bank_runs("gsm8k")[:12] + shadow_stream.bank_runs("arc_challenge")[:12]
     config = load_config()
     assert config.loop is not None
+    loop = config.loop.sampling()
     calibrator = read_calibrator(calibrator_file("bundled"))
-    theirs = replay_loop(runs, config.loop, calibrator, shadow_stream.ORDERS)
+    theirs = replay_loop(runs, loop, calibrator, shadow_stream.ORDERS)
     ours = [
         outcome
         for index, run in enumerate(runs)
-        for outcome in shadow_stream.replay_orders(run, index, config.loop, calibrator)
+        for outcome in shadow_stream.replay_orders(run, index, loop, calibrator)
     ]
     assert [o.answer for o in ours] == [o.answer for _, o in theirs]
     assert [o.correct for o in ours] == [o.correct for _, o in theirs]
