@@ -32,7 +32,7 @@ def test_every_arm_is_a_valid_config_without_the_cache(arm: str) -> None:
         assert config.loop.escalate_below == (0.4 if arm.endswith("escalation") else None)
         # The default's loop is one greedy pass; one arm keeps the sampling loop.
         assert config.loop.greedy_first == (arm != "router+sampling-loop")
-    assert raw["router"].get("threshold") == (0.0 if arm == "always-loop" else None)
+    assert raw["router"]["threshold"] == (0.0 if arm == "always-loop" else 0.2024)
 
 
 def test_questions_the_router_was_fitted_on_are_left_out(tmp_path: Path) -> None:
