@@ -63,7 +63,7 @@ from evaluator.calibration import (
     write_calibrator,
 )
 from evaluator.calibration import measure as calibration
-from evaluator.policy import LoopSettings
+from evaluator.policy import LoopSettings, tally
 from evaluator.replay import (
     DEFAULT_ORDERS,
     Policy,
@@ -298,7 +298,8 @@ def fit_greedy(items: Sequence[Item], settings: SignalSettings, seed: int = 0) -
     chance on both)."""
     calibrators: GreedyCalibrators = {}
     for kind in sorted({item.run.kind for item in items}):
-        mine = [item for item in items if item.run.kind == kind]
+        # The loop never asks about a pass without an answer (its P is 0).
+        mine = [i for i in items if i.run.kind == kind and i.large.answer is not None]
         rows = greedy_rows(mine, settings)
         keep = [i for i, row in enumerate(rows) if row is not None]
         sources = sorted({mine[i].source for i in keep})
@@ -319,16 +320,17 @@ def fit_greedy(items: Sequence[Item], settings: SignalSettings, seed: int = 0) -
 
 
 def greedy_probabilities(items: Sequence[Item], calibrators: GreedyCalibrators) -> list[float]:
-    """P(greedy right) by each question's kind's calibrator; a kind without one gets 1,
-    the vote share of a one-branch tally, as the live loop does."""
-    settings = next(iter(calibrators.values())).signals
+    """P(greedy right) as evaluator.loop reads it: the one-branch tally of the greedy
+    pass under its kind's calibrator (0 without an answer; a kind without a calibrator,
+    or a pass without logprobs, gets its vote share)."""
     return [
-        1.0
-        if item.run.kind not in calibrators
-        else 0.0
-        if row is None
-        else float(calibrators[item.run.kind].predict([row])[0])
-        for item, row in zip(items, greedy_rows(items, settings), strict=True)
+        tally(
+            item.run.kind,
+            [item.large.sample],
+            [item.large.answer],
+            calibrator=calibrators.get(item.run.kind),
+        ).probability
+        for item in items
     ]
 
 
@@ -698,15 +700,19 @@ def plot(report: dict[str, Any], path: str | Path) -> None:
     import matplotlib.ticker
 
     parts = list(report["held_out"].items())
-    figure, panels = plt.subplots(1, len(parts), figsize=(6.5 * len(parts), 6))
-    for axes, (part, figures) in zip(np.atleast_1d(panels), parts, strict=True):
-        _panel(axes, figures, SOURCE_NAMES.get(part, part), matplotlib.ticker, plt)
-    figure.tight_layout()
+    figure, panels = plt.subplots(1, len(parts), figsize=(6 * len(parts), 6.2))
+    axes = np.atleast_1d(panels)
+    for panel, (part, figures) in zip(axes, parts, strict=True):
+        _panel(panel, figures, SOURCE_NAMES.get(part, part), matplotlib.ticker)
+    # One legend for every panel (the arms are the same), below them.
+    handles, labels = axes[0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="lower center", ncol=3, fontsize=8)
+    figure.tight_layout(rect=(0, 0.17, 1, 1))
     figure.savefig(path, dpi=110)
     plt.close(figure)
 
 
-def _panel(axes: Any, figures: dict[str, Any], title: str, ticker: Any, plt: Any) -> None:
+def _panel(axes: Any, figures: dict[str, Any], title: str, ticker: Any) -> None:
     arms = figures["arms"]
     majority = [a for a in arms if a["name"].startswith("majority of")]
     others = [a for a in arms if a not in majority]
@@ -744,12 +750,14 @@ def _panel(axes: Any, figures: dict[str, Any], title: str, ticker: Any, plt: Any
             label=a["name"],
         )
     axes.set_xscale("log")
-    axes.xaxis.set_major_formatter(ticker.ScalarFormatter())
+    plain = ticker.FuncFormatter(lambda x, _: f"{x:g}")
+    axes.xaxis.set_major_formatter(plain)
+    axes.xaxis.set_minor_formatter(plain)
+    axes.tick_params(axis="x", which="minor", labelsize=7)
     axes.set_xlabel("mean completion tokens per question, both engines (log)")
     axes.set_ylabel("accuracy (%), 95% Wilson interval")
     axes.set_title(f"{title}: {figures['questions']} held-out questions, replayed")
     axes.grid(alpha=0.3)
-    axes.legend(fontsize=6, loc="lower right")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

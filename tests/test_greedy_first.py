@@ -5,6 +5,7 @@ half."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from typing import Any
 
@@ -12,9 +13,20 @@ import numpy as np
 import pytest
 from msgspec.structs import replace
 
+from engines.base import Message, TokenLogprob, TopLogprob
+from engines.scripted import Script, ScriptCall, ScriptedEngine
 from evaluator.answers import extract, is_correct
-from evaluator.calibration import calibrator_file, read_calibrator
+from evaluator.calibration import (
+    Calibrator,
+    calibrator_file,
+    read_calibrator,
+    read_greedy_calibrators,
+)
+from evaluator.loop import LoopResult, ReasoningLoop
+from evaluator.policy import LoopSettings
+from evaluator.replay import greedy_first_rule as greedy_replay
 from evaluator.replay import replay_loop
+from evaluator.runs import RunSample
 from evaluator.signals import majority
 from gateway.config import load_config
 from tests.support import ROOT, bench_script
@@ -166,3 +178,72 @@ def test_the_sampling_replay_refuses_greedy_first_settings(slice_: Slice) -> Non
     with pytest.raises(ValueError, match="greedy_first_rule"):
         replay_loop([i.run for i in items], greedy, calibrator, ORDERS)
     assert greedy.sampling() == settings
+
+
+def _script(sample: RunSample) -> Script:
+    """A banked sample as the scripted engine replays it, token by token."""
+    tokens = tuple(
+        TokenLogprob(t.token, t.logprob, tuple(TopLogprob(a.token, a.logprob) for a in t.top))
+        for t in sample.logprobs
+    )
+    return Script(tokens=tokens)
+
+
+def _live(item: Any, settings: LoopSettings, greedy: dict[str, Calibrator]) -> LoopResult:
+    """The live loop on a scripted engine that answers with the bank: its greedy pass
+    at temperature 0, the question's samples in bank order otherwise."""
+    samples = [_script(s) for s in item.run.samples]
+
+    def choose(call: ScriptCall) -> Script:
+        if call.params.temperature == 0.0:
+            return _script(item.large.sample)
+        return samples[call.number - 1]  # the greedy pass was the engine's first
+
+    calibrator = read_calibrator(calibrator_file("bundled"))
+    loop = ReasoningLoop(ScriptedEngine(choose), settings, calibrator, greedy_calibrators=greedy)
+
+    async def main() -> LoopResult:
+        async for event in loop.run([Message("user", item.run.prompt)], deadline=None):
+            if isinstance(event, LoopResult):
+                return event
+        raise AssertionError("the loop ended without a result")
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("stop", "weight", "rounds"), [(0.3, 0.0, 4), (0.55, 4.0, 3), (1.0, 1.0, 2)]
+)
+def test_the_live_loop_takes_the_replay_s_decisions(
+    stop: float, weight: float, rounds: int
+) -> None:
+    """What bench/greedy_first.py reports for a setting is what evaluator.loop does with
+    it: the same answer after the same number of branches, question by question."""
+    config = load_config()
+    assert config.loop is not None
+    settings = replace(
+        config.loop.sampling(),
+        greedy_first=True,
+        greedy_stop=stop,
+        greedy_weight=weight,
+        max_rounds=rounds,
+        token_budget=100_000,
+    )
+    greedy = read_greedy_calibrators("bundled")
+    calibrator = read_calibrator(calibrator_file("bundled"))
+    items = []
+    for source, count in (("arc_challenge", 8), ("gsm8k", 3)):
+        runs = greedy_first.bank_runs(source)[:count]
+        small = greedy_first.read_greedy_runs(BANKS / "greedy_small" / f"{source}.jsonl.xz")
+        large = greedy_first.read_greedy_runs(BANKS / "greedy_large" / f"{source}.jsonl.xz")
+        positions = {run.id: i for i, run in enumerate(runs)}
+        items += greedy_first.items_of(runs, positions, small, large, calibrator, 0)
+    rule = greedy_replay(settings, rounds)
+    for item in items:
+        p = greedy_first.greedy_probabilities([item], greedy)[0]
+        item.start_from_greedy(p)
+        replayed = rule(item.orders[0])
+        live = _live(item, settings, greedy)
+        assert extract(item.run.kind, live.text) == replayed.answer, item.run.id
+        branches = sum(len(r.branches) for r in live.trace.rounds)
+        assert branches == replayed.branches, item.run.id
