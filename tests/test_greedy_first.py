@@ -15,7 +15,7 @@ from msgspec.structs import replace
 
 from engines.base import Message, TokenLogprob, TopLogprob
 from engines.scripted import Script, ScriptCall, ScriptedEngine
-from evaluator.answers import extract, is_correct
+from evaluator.answers import AnswerKind, extract, is_correct
 from evaluator.calibration import (
     Calibrator,
     calibrator_file,
@@ -189,7 +189,7 @@ def _script(sample: RunSample) -> Script:
     return Script(tokens=tokens)
 
 
-def _live(item: Any, settings: LoopSettings, greedy: dict[str, Calibrator]) -> LoopResult:
+def _live(item: Any, settings: LoopSettings, greedy: dict[AnswerKind, Calibrator]) -> LoopResult:
     """The live loop on a scripted engine that answers with the bank: its greedy pass
     at temperature 0, the question's samples in bank order otherwise."""
     samples = [_script(s) for s in item.run.samples]
