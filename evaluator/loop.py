@@ -615,10 +615,14 @@ class ReasoningLoop:
         if not greedy:
             return params
         # The large engine's own answer, with the alternatives that both the vote's
-        # signals and P(greedy right)'s read.
+        # signals and P(greedy right)'s read, as long as the client lets a plain request
+        # of that engine be: with greedy_stop 0 it is that request's answer.
         top_k = max((c.signals.top_k for c in self.greedy_calibrators.values()), default=0)
         return msgspec.structs.replace(
-            params, temperature=0.0, top_logprobs=max(params.top_logprobs, top_k)
+            params,
+            max_tokens=params.max_tokens if max_tokens is None else max_tokens,
+            temperature=0.0,
+            top_logprobs=max(params.top_logprobs, top_k),
         )
 
     def _open(self, branch: _Branch, max_tokens: int | None) -> bool:

@@ -685,6 +685,27 @@ def test_the_greedy_pass_is_one_branch_at_temperature_0_then_rounds_sample() -> 
     )
 
 
+def test_the_greedy_pass_may_spend_what_the_client_allows_a_plain_request() -> None:
+    engine = greedy_then(DOUBTS_41, SAYS_42)
+    loop = ReasoningLoop(
+        engine,
+        greedy_first(branches=2, max_rounds=1, round_tokens=16),
+        DOUBTFUL,
+        greedy_calibrators=for_every_kind(GREEDY),
+    )
+
+    async def main() -> None:
+        async for _ in loop.run(QUESTION, deadline=None, max_tokens=100):
+            pass
+
+    asyncio.run(main())
+    greedy, *sampled = engine.calls
+    # With greedy_stop 0 the pass is the plain request's answer: the client's limit,
+    # not a round's; the sampling rounds keep round_tokens.
+    assert greedy.params.max_tokens == 100
+    assert [c.params.max_tokens for c in sampled] == [16, 16]
+
+
 @pytest.mark.parametrize(("greedy_stop", "stops"), [(0.98, True), (0.99, False)])
 def test_stops_after_the_greedy_pass_when_its_p_reaches_greedy_stop(
     greedy_stop: float, stops: bool
