@@ -294,8 +294,8 @@ def greedy_rows(items: Sequence[Item], settings: SignalSettings) -> list[list[fl
 
 def fit_greedy(items: Sequence[Item], settings: SignalSettings, seed: int = 0) -> GreedyCalibrators:
     """One calibrator per answer kind: the same logprob means a sure letter and an
-    unsure worked answer (their slopes differ in sign; one shared fit ranks worse than
-    chance on both)."""
+    unsure worked answer (their slopes differ in sign; one shared fit ranked them no
+    better than chance)."""
     calibrators: GreedyCalibrators = {}
     for kind in sorted({item.run.kind for item in items}):
         # The loop never asks about a pass without an answer (its P is 0).

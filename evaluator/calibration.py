@@ -39,7 +39,7 @@ BUNDLED_CALIBRATOR = "bundled"
 # The package's file that "bundled" names for the vote's calibrator, and those of
 # P(greedy right) by answer kind for the loop's greedy_calibrator (bench/greedy_first.py
 # fits them): the same logprobs mean a sure letter and an unsure worked answer, and one
-# calibrator over both ranked greedy answers worse than chance on each.
+# calibrator over both ranked greedy answers no better than chance.
 VOTE_FILE = "default.calibrator"
 GREEDY_FILES: dict[AnswerKind, str] = {
     "choice": "greedy_choice.calibrator",
