@@ -541,7 +541,7 @@ class ReasoningLoop:
         pass that did not vote, cut by the deadline or pruned, has nothing to stop on)."""
         verdict = run.verdict
         if verdict is not None and verdict.probability >= self.settings.greedy_stop:
-            return "confident"
+            return "greedy"
         return self._stop(run)
 
     def _stop(self, run: _Run) -> StopReason | None:

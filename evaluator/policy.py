@@ -263,7 +263,9 @@ def _most_confident(
     return max(behind, key=rank_of.__getitem__)
 
 
-StopReason = Literal["confident", "max_rounds", "token_budget", "no_gain", "deadline"]
+# "greedy": a greedy_first loop kept its greedy pass (P(greedy right) reached
+# greedy_stop), an early stop whose P is the greedy calibrator's, not the vote's.
+StopReason = Literal["confident", "greedy", "max_rounds", "token_budget", "no_gain", "deadline"]
 
 
 def stop_reason(

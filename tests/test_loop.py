@@ -87,7 +87,7 @@ async def test_greedy_first_is_one_pass_at_temperature_0_then_samples(
     _, first = await run(loop, deadline=None)
     _, again = await run(loop, deadline=None)
     (only,) = first.trace.rounds
-    assert only.greedy and len(only.branches) == 1 and first.trace.stop == "confident"
+    assert only.greedy and len(only.branches) == 1 and first.trace.stop == "greedy"
     assert first.text.strip() and first.text == again.text
     assert first.trace.tokens == only.branches[0].tokens > 0
     # P(greedy right) 0.5 short of greedy_stop: a sampling round of 2 branches follows.

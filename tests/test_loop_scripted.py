@@ -721,7 +721,7 @@ def test_stops_after_the_greedy_pass_when_its_p_reaches_greedy_stop(
     assert first.greedy and first.answer == "42"
     assert first.probability == pytest.approx(P_SURE) and 0.98 < P_SURE < 0.99
     assert f"P(greedy right) {P_SURE:.2f} (greedy_stop {greedy_stop:.2f})" in thought.notes[1]
-    assert result.trace.stop == "confident"
+    assert result.trace.stop == ("greedy" if stops else "confident")
     if stops:
         assert len(engine.calls) == 1 and len(result.trace.rounds) == 1
         assert result.text == "The answer is 42."
@@ -736,7 +736,7 @@ def test_stops_after_the_greedy_pass_when_its_p_reaches_greedy_stop(
 def test_without_a_greedy_calibrator_an_answered_pass_has_p_1() -> None:
     engine = greedy_then(DOUBTS_41, SAYS_42)
     result = think(ReasoningLoop(engine, greedy_first(), BY_SHARE)).result
-    assert len(engine.calls) == 1 and result.trace.stop == "confident"
+    assert len(engine.calls) == 1 and result.trace.stop == "greedy"
     assert result.trace.confidence == 1.0 and result.text == "The answer is 41."
 
 
@@ -749,7 +749,7 @@ def test_greedy_stop_0_is_one_greedy_pass_even_without_an_answer() -> None:
         engine, greedy_first(greedy_stop=0.0), BY_SHARE, greedy_calibrators=for_every_kind(GREEDY)
     )
     result = think(loop).result
-    assert len(engine.calls) == 1 and result.trace.stop == "confident"
+    assert len(engine.calls) == 1 and result.trace.stop == "greedy"
     assert result.trace.rounds[0].answer is None and result.trace.confidence == 0.0
     assert result.text == UNANSWERED.text  # its own text: nothing better was asked for
 

@@ -386,7 +386,7 @@ async def test_a_versions_calibrator_judges_in_shadow_and_decides_when_active(
         hard, loop=msgspec.structs.replace(hard.loop, greedy_first=True)
     )
     stopped = await gateway.settled_for(await gateway.ask(_request("auto"), greedy))
-    assert stopped.decision.loop is not None and stopped.decision.loop.stop == "confident"
+    assert stopped.decision.loop is not None and stopped.decision.loop.stop == "greedy"
     assert [r.greedy for r in stopped.decision.loop.rounds] == [True]
     assert decided == []
     await policies.move("shadow", "p-as-shipped")

@@ -76,12 +76,13 @@ def check(
     verdict: Any = None,
     confidence: float | None = None,
     cache_score: float | None = None,
+    stop: str | None = None,
 ) -> CheckRecord:
     return CheckRecord(
         id=uuid.uuid4().hex, at=at, source=source, status=status, tenant="default",
         shortcut=shortcut, route=route, model="auto", probability=probability,
         policy=SHIPPED, prompt=prompt, answer="an answer", agree=agree, verdict=verdict,
-        confidence=confidence, cache_score=cache_score,
+        confidence=confidence, cache_score=cache_score, stop=stop,
     )  # fmt: skip
 
 
@@ -251,6 +252,9 @@ def test_calibrator_labels_are_early_stop_checks_and_verdicts_on_the_loop() -> N
         check(4, "small_route", agree=False, confidence=0.6),
         check(5, None, source="feedback", route="loop", verdict="wrong", confidence=0.95),
         check(6, None, source="feedback", route="small", verdict="wrong", confidence=0.5),
+        # A kept greedy pass's P is the greedy calibrator's: not the vote's to learn.
+        check(7, "early_stop", agree=True, confidence=0.3, stop="greedy"),
+        check(8, None, source="feedback", route="loop", verdict="right", stop="greedy"),
     ]
     # Verdicts are correctness; agreement with the budget's answer is an opt-in.
     assert refit.calibrator_labels(records) == ([0.95], [False])

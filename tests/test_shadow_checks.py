@@ -196,10 +196,10 @@ async def test_a_greedy_first_stop_is_checked_against_the_loop_without_it(
     )
     settled = await gateway.settled_for(await gateway.ask(_request("auto"), policy))
     loop = settled.decision.loop
-    assert loop is not None and loop.stop == "confident"
+    assert loop is not None and loop.stop == "greedy"
     assert [r.greedy for r in loop.rounds] == [True]
     (record,) = await checking.recorded(1)
-    assert (record.shortcut, record.agree) == ("early_stop", True)
+    assert (record.shortcut, record.agree, record.stop) == ("early_stop", True, "greedy")
     # The greedy pass that stopped the live loop would stop its reference at once too:
     # the check runs the loop's rounds without it, 2 rounds of 2 branches.
     assert len(large.calls) == 1 + 4

@@ -150,6 +150,9 @@ def calibrator_labels(
     the loop's answers; with ``agreement``, also each checked early stop's P and
     whether running on to the budget kept its answer.
 
+    A loop that kept its greedy pass (stop "greedy") is left out: its P is the greedy
+    calibrator's, which a refit of the vote's calibrator must not learn from.
+
     Agreement is not correctness: on held-out ARC and GSM8K the loop's early answer
     agreed with its budget answer 93% of the time and was right 52% of the time, and a
     calibrator fitted to agreement was 4.5 times worse calibrated against gold
@@ -160,10 +163,13 @@ def calibrator_labels(
     if agreement:
         for r in _checked(records, "early_stop"):
             assert r.confidence is not None and r.agree is not None
+            if r.stop == "greedy":
+                continue
             confidences.append(r.confidence)
             labels.append(r.agree)
     for r in records:
-        if r.source == "feedback" and r.route == "loop" and r.confidence is not None:
+        voted = r.route == "loop" and r.stop != "greedy"
+        if r.source == "feedback" and voted and r.confidence is not None:
             confidences.append(r.confidence)
             labels.append(r.verdict == "right")
     return confidences, labels

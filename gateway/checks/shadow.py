@@ -59,7 +59,7 @@ def shortcuts_taken(decision: Decision) -> tuple[Shortcut, ...]:
     trace = decision.loop
     if trace is not None and trace.fallback != "none":
         return ("deadline_fallback",)
-    if trace is not None and trace.stop in ("confident", "no_gain"):
+    if trace is not None and trace.stop in ("confident", "no_gain", "greedy"):
         return ("early_stop", "large_route")
     if decision.route in ("loop", "large"):
         return ("large_route",)
