@@ -254,7 +254,15 @@ def test_calibrator_labels_are_early_stop_checks_and_verdicts_on_the_loop() -> N
         check(6, None, source="feedback", route="small", verdict="wrong", confidence=0.5),
         # A kept greedy pass's P is the greedy calibrator's: not the vote's to learn.
         check(7, "early_stop", agree=True, confidence=0.3, stop="greedy"),
-        check(8, None, source="feedback", route="loop", verdict="right", stop="greedy"),
+        check(
+            8,
+            None,
+            source="feedback",
+            route="loop",
+            verdict="right",
+            confidence=0.2,
+            stop="greedy",
+        ),
     ]
     # Verdicts are correctness; agreement with the budget's answer is an opt-in.
     assert refit.calibrator_labels(records) == ([0.95], [False])
