@@ -21,7 +21,7 @@ from gateway.checks.record import KEPT_CHARS, CheckRecord
 from gateway.checks.shadow import ShadowChecks
 from gateway.checks.store import FileOutcomes
 from gateway.config.shadow import ShadowSettings, Shortcut
-from gateway.pipeline.request_policy import CacheControl
+from gateway.pipeline.request_policy import CacheControl, Policy
 from router.embedder import Embedder
 from router.router import Router
 from tests.test_settled import (
@@ -154,18 +154,27 @@ async def test_the_share_draws_at_random_and_records_its_probability(
     assert {(r.probability, r.shortcut, r.agree) for r in drawn} == {(0.5, "small_route", True)}
 
 
-async def test_an_early_stop_is_checked_against_the_loop_run_on_to_its_budget(
+async def _early_stops(
     embedder: tuple[Embedder, Router], tmp_path: Path
-) -> None:
+) -> tuple[Checking, ScriptedEngine, Policy]:
+    """Checks of early stops only, on a gateway whose every question is hard and whose
+    large engine is sure: its checking, its large engine, and the policy to ask with."""
     large = ScriptedEngine([SURE], name="large")
     checking = await _checking(
         embedder, tmp_path, ScriptedEngine([SURE], name="small"), large,
         shares={"large_route": 0.0},
     )  # fmt: skip
-    gateway = checking.gateway
-    policy = gateway.policy(
+    policy = checking.gateway.policy(
         router_threshold=ALL_LARGE, control=CacheControl(lookup=False, store=False)
     )
+    return checking, large, policy
+
+
+async def test_an_early_stop_is_checked_against_the_loop_run_on_to_its_budget(
+    embedder: tuple[Embedder, Router], tmp_path: Path
+) -> None:
+    checking, large, policy = await _early_stops(embedder, tmp_path)
+    gateway = checking.gateway
     settled = await gateway.settled_for(await gateway.ask(_request("auto"), policy))
     assert settled.decision.loop is not None and settled.decision.loop.stop == "confident"
     assert len(settled.decision.loop.rounds) == 1
@@ -181,15 +190,8 @@ async def test_an_early_stop_is_checked_against_the_loop_run_on_to_its_budget(
 async def test_a_greedy_first_stop_is_checked_against_the_loop_without_it(
     embedder: tuple[Embedder, Router], tmp_path: Path
 ) -> None:
-    large = ScriptedEngine([SURE], name="large")
-    checking = await _checking(
-        embedder, tmp_path, ScriptedEngine([SURE], name="small"), large,
-        shares={"large_route": 0.0},
-    )  # fmt: skip
+    checking, large, policy = await _early_stops(embedder, tmp_path)
     gateway = checking.gateway
-    policy = gateway.policy(
-        router_threshold=ALL_LARGE, control=CacheControl(lookup=False, store=False)
-    )
     assert policy.loop is not None
     policy = msgspec.structs.replace(
         policy, loop=msgspec.structs.replace(policy.loop, greedy_first=True)
