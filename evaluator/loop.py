@@ -42,7 +42,15 @@ from engines.base import (
 from engines.fanout import remaining
 from evaluator.answers import AnswerKind, extract, infer_kind
 from evaluator.calibration import Calibrator
-from evaluator.policy import LoopSettings, StopReason, Verdict, signal_settings, stop_reason, tally
+from evaluator.policy import (
+    LoopSettings,
+    StopReason,
+    Verdict,
+    signal_settings,
+    stop_reason,
+    tally,
+    weighed,
+)
 from evaluator.shown import Shown, Thinking
 from evaluator.signals import (
     PROBE_MAX_TOKENS,
@@ -50,7 +58,6 @@ from evaluator.signals import (
     PROBE_SUFFIX,
     LowConfidenceWatch,
     Probe,
-    TraceConfidence,
     probes_agree,
     read_probe,
     trace_confidence,
@@ -477,7 +484,7 @@ class ReasoningLoop:
                 # The greedy pass's verdict is no vote's (it stays the best so far).
                 run.verdict = None
             return
-        traces = [_weighed(trace_confidence(v.logprobs, self._signals), v.weight) for v in votes]
+        traces = [weighed(trace_confidence(v.logprobs, self._signals), v.weight) for v in votes]
         run.judged(
             tally(
                 run.kind,
@@ -844,13 +851,6 @@ class ReasoningLoop:
         # off mid-sentence is not.
         whole = sample.finish_reason in ("stop", "length")
         return generation if whole and sample.text.strip() else None
-
-
-def _weighed(trace: TraceConfidence, weight: float) -> TraceConfidence:
-    """``trace`` with its vote weight (its lowest group confidence) times ``weight``."""
-    if weight == 1.0 or trace.lowest_group is None:
-        return trace
-    return msgspec.structs.replace(trace, lowest_group=weight * trace.lowest_group)
 
 
 async def _stopped(task: asyncio.Task[object]) -> None:

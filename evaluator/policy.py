@@ -140,6 +140,14 @@ def branch_confidence(trace: TraceConfidence) -> float | None:
     return trace.lowest_group
 
 
+def weighed(trace: TraceConfidence, weight: float) -> TraceConfidence:
+    """``trace`` with its vote weight (its lowest group confidence, as
+    ``branch_confidence`` reads it) times ``weight``: the greedy_first pass's vote."""
+    if weight == 1.0 or trace.lowest_group is None:
+        return trace
+    return msgspec.structs.replace(trace, lowest_group=weight * trace.lowest_group)
+
+
 def tally(
     kind: AnswerKind,
     branches: Sequence[Trace],

@@ -28,7 +28,7 @@ import numpy as np
 
 from evaluator.answers import extract, is_correct
 from evaluator.calibration import Calibrator
-from evaluator.policy import LoopSettings, Verdict, stop_reason, tally
+from evaluator.policy import LoopSettings, Verdict, stop_reason, tally, weighed
 from evaluator.runs import Run, RunSample
 from evaluator.signals import (
     LowConfidenceWatch,
@@ -156,9 +156,7 @@ class Question:
         if key not in self._with_greedy:
             assert self.greedy is not None, "start_from gives the greedy pass first"
             greedy = self.greedy.branch
-            own = greedy.trace
-            if own.lowest_group is not None:
-                own = msgspec.structs.replace(own, lowest_group=weight * own.lowest_group)
+            own = weighed(greedy.trace, weight)
             verdict = tally(
                 self.run.kind,
                 [greedy.sample, *(b.sample for b in self.whole[:n])],
@@ -363,7 +361,9 @@ def greedy_first_rule(settings: LoopSettings, rounds: int) -> Policy:
     (``Question.start_from``) is the answer when P(greedy right) reaches
     ``greedy_stop``; otherwise up to ``rounds`` rounds of the question's branches, each
     tallied with the greedy branch at ``greedy_weight`` and stopped by
-    policy.stop_reason, the greedy pass's tokens counted in the budget."""
+    policy.stop_reason, the greedy pass's tokens counted in the budget. (The live loop
+    also counts the greedy pass's verdict as a best-so-far; the two differ only where a
+    last round has no answer at all.)"""
     if settings.prune_below is not None:
         raise ValueError("greedy-first replay does not prune (prune_below must be null)")
 
