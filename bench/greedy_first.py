@@ -9,16 +9,18 @@ questions), completion tokens a question, and the large engine's share of them:
 
 - small greedy, large greedy: bench/banks/greedy_small, greedy_large (one pass each);
 - majority of k samples at temperature 0.7, k = 1..8, from the trace bank;
-- the shipped loop (the embedded default's settings and calibrator), replayed as
+- the sampling loop (the embedded default's loop settings without the greedy pass:
+  the default's hard path before greedy-first, with its calibrator), replayed as
   evaluator.replay.replay_loop replays it;
 - greedy-first (evaluator.loop's mode; evaluator.replay.greedy_first_rule): the large
   greedy pass, kept when P(greedy right) reaches ``greedy_stop``; otherwise the loop's
   rounds over the bank's samples (up to ``max_rounds``), the greedy branch in every
   tally at ``greedy_weight``;
 - auto: the bundled router scores each question (the bundled embedder); below its
-  threshold the small engine's greedy pass answers, at or above it a large path. As
-  shipped (the router file's threshold, the shipped loop), and with the large path and
-  the threshold chosen below.
+  threshold the small engine's greedy pass answers, at or above it a large path: the
+  router file's threshold with the sampling loop (the default before greedy-first),
+  and with the large path chosen below at the file's threshold and at the one chosen
+  below (the default now).
 
 Sample arms average over 8 seeded branch orders per question (evaluator.replay's), so
 one lucky order does not decide a question. P(greedy right) is a logistic calibrator
@@ -508,7 +510,7 @@ def measure(
 
     def arms_on(items: Sequence[Item]) -> dict[str, list[Outcome]]:
         samples = min(len(item.run.samples) for item in items)
-        shipped_loop = loop_arm(items, loop)
+        sampling_loop = loop_arm(items, loop)
         chosen = {
             f"{s.name}: {why}": greedy_first_arm(items, s.settings(loop))
             for s, why in (
@@ -522,17 +524,17 @@ def measure(
             "small greedy": greedy_arm(items, "small"),
             "large greedy": greedy_arm(items, "large"),
             **{f"majority of {k} at 0.7": majority_arm(items, k) for k in range(1, samples + 1)},
-            f"the shipped loop (stop at {loop.threshold:g}, {loop.branches} a round)": (
-                shipped_loop
+            f"the sampling loop (stop at {loop.threshold:g}, {loop.branches} a round)": (
+                sampling_loop
             ),
             **chosen,
-            f"auto as shipped (router at {router_file_threshold:.3f}, the shipped loop)": (
-                auto_arm(items, router_file_threshold, shipped_loop)
+            f"auto, router at {router_file_threshold:.4f}, the sampling loop": (
+                auto_arm(items, router_file_threshold, sampling_loop)
             ),
-            f"auto, router at {router_file_threshold:.3f}, large path: the rule's choice": (
+            f"auto, router at {router_file_threshold:.4f}, large path: the rule's choice": (
                 auto_arm(items, router_file_threshold, default_path)
             ),
-            f"auto, router at {threshold:.3f} (the rule's), large path: the rule's choice": (
+            f"auto, router at {threshold:.4f} (the rule's), large path: the rule's choice": (
                 auto_arm(items, threshold, default_path)
             ),
         }
