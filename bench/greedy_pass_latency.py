@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -89,6 +90,8 @@ def summary(pairs: list[dict[str, Any]]) -> dict[str, Any]:
         "routed_to_the_loop": sum(p["auto"]["route"] == "loop" for p in pairs),
         "ratio_median": statistics.median(ratios) if ratios else None,
         "ratio_mean": statistics.fmean(ratios) if ratios else None,
+        # Over pairs, each its own question: the mean's normal-approximation interval.
+        "ratio_mean_ci95": _interval(ratios),
         "ratio_min": min(ratios, default=None),
         "ratio_max": max(ratios, default=None),
         "large_seconds_mean": statistics.fmean(p["large"]["seconds"] for p in same)
@@ -97,6 +100,14 @@ def summary(pairs: list[dict[str, Any]]) -> dict[str, Any]:
         "auto_seconds_mean": statistics.fmean(p["auto"]["seconds"] for p in same) if same else None,
         "tokens_mean": statistics.fmean(p["large"]["tokens"] for p in same) if same else None,
     }
+
+
+def _interval(values: list[float]) -> list[float] | None:
+    if len(values) < 2:
+        return None
+    mean = statistics.fmean(values)
+    half = 1.96 * statistics.stdev(values) / math.sqrt(len(values))
+    return [mean - half, mean + half]
 
 
 def main(argv: list[str] | None = None) -> int:

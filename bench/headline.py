@@ -238,18 +238,24 @@ def summary(name: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def render(arms: list[dict[str, Any]]) -> str:
     lines = [
-        "| arm | accuracy | sampled tokens / question (large engine's) "
+        "| arm | accuracy (95% CI, n) | sampled tokens / question (large engine's) "
         "| seconds / question (mean, p90) | routes | escalated |",
         "|---|---|---|---|---|---|",
     ]
     for a in arms:
         routes = ", ".join(f"{k} {v}" for k, v in sorted(a["routes"].items()))
         lines.append(
-            f"| {a['arm']} | {100 * a['accuracy']:.1f}% | {a['mean_tokens']:.0f} "
+            f"| {a['arm']} | {_accuracy(a)} | {a['mean_tokens']:.0f} "
             f"({a['mean_large_tokens']:.0f}) | "
             f"{a['mean_seconds']:.1f}, {a['p90_seconds']:.1f} | {routes} | {a['escalated']} |"
         )
     return "\n".join(lines)
+
+
+def _accuracy(arm: dict[str, Any]) -> str:
+    n = arm["questions"]
+    low, high = wilson(round(arm["accuracy"] * n), n)
+    return f"{100 * arm['accuracy']:.1f}% [{100 * low:.1f}, {100 * high:.1f}], {n}"
 
 
 def plot(arms: list[dict[str, Any]], path: str) -> None:

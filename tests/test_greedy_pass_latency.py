@@ -38,6 +38,10 @@ def test_ratios_count_only_pairs_that_generated_the_same_tokens() -> None:
     assert summary["ratio_median"] == pytest.approx(1.05)
     assert (summary["ratio_min"], summary["ratio_max"]) == (pytest.approx(1.0), pytest.approx(1.1))
     assert summary["tokens_mean"] == 15
+    low, high = summary["ratio_mean_ci95"]
+    assert summary["ratio_mean"] == pytest.approx(1.05)
+    assert low < summary["ratio_mean"] < high
+    assert latency.summary(pairs[:1])["ratio_mean_ci95"] is None  # one pair: no interval
 
 
 def test_no_request_follows_one_of_the_same_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
